@@ -1,0 +1,226 @@
+//! CPU reference kernels. Every batched kernel is a sibling of its m=1 kernel: it calls
+//! the same per-row function, so a row's result never depends on how many rows were
+//! computed together, on the thread count, or on the order rows were scheduled.
+//!
+//! Dot products use a fixed 16-lane accumulation (element `i` goes to lane `i % 16`,
+//! lanes are combined in a fixed tree, the tail is added last in order); parallel work
+//! only ever splits output rows, never one reduction.
+
+use rayon::prelude::*;
+
+use crate::tensor::{bf16_to_f32, WeightData, WeightView};
+
+const LANES: usize = 16;
+/// Matrices with fewer multiply-adds than this are computed on the calling thread.
+const PAR_THRESHOLD: usize = 1 << 15;
+
+#[inline(always)]
+fn combine(acc: [f32; LANES]) -> f32 {
+    let mut a = acc;
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            a[i] += a[i + width];
+        }
+        width /= 2;
+    }
+    a[0]
+}
+
+/// Dot product of an f32 row with `x`, in the fixed lane order.
+#[inline]
+pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = [0.0f32; LANES];
+    let wc = w.chunks_exact(LANES);
+    let xc = x.chunks_exact(LANES);
+    let (wt, xt) = (wc.remainder(), xc.remainder());
+    for (wb, xb) in wc.zip(xc) {
+        for i in 0..LANES {
+            acc[i] += wb[i] * xb[i];
+        }
+    }
+    let mut s = combine(acc);
+    for (a, b) in wt.iter().zip(xt) {
+        s += a * b;
+    }
+    s
+}
+
+/// Dot product of a bf16 row with `x`, widening each weight exactly to f32 first; the
+/// same lane order as [`dot_f32`].
+#[inline]
+pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = [0.0f32; LANES];
+    let wc = w.chunks_exact(LANES);
+    let xc = x.chunks_exact(LANES);
+    let (wt, xt) = (wc.remainder(), xc.remainder());
+    for (wb, xb) in wc.zip(xc) {
+        for i in 0..LANES {
+            acc[i] += bf16_to_f32(wb[i]) * xb[i];
+        }
+    }
+    let mut s = combine(acc);
+    for (a, b) in wt.iter().zip(xt) {
+        s += bf16_to_f32(*a) * b;
+    }
+    s
+}
+
+/// `W[r] · x` for one row.
+#[inline]
+pub fn row_dot(w: &WeightView<'_>, r: usize, x: &[f32]) -> f32 {
+    let c = w.cols;
+    match w.data {
+        WeightData::F32(d) => dot_f32(&d[r * c..(r + 1) * c], x),
+        WeightData::Bf16(d) => dot_bf16(&d[r * c..(r + 1) * c], x),
+    }
+}
+
+/// m=1 matvec: `out[r] = W[r] · x`.
+pub fn matvec(w: &WeightView<'_>, x: &[f32], out: &mut [f32]) {
+    debug_assert_eq!(x.len(), w.cols);
+    debug_assert_eq!(out.len(), w.rows);
+    if w.rows * w.cols < PAR_THRESHOLD {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = row_dot(w, r, x);
+        }
+    } else {
+        let block = row_block(w);
+        out.par_chunks_mut(block).enumerate().for_each(|(b, chunk)| {
+            for (i, o) in chunk.iter_mut().enumerate() {
+                *o = row_dot(w, b * block + i, x);
+            }
+        });
+    }
+}
+
+fn row_block(w: &WeightView<'_>) -> usize {
+    (PAR_THRESHOLD / w.cols.max(1)).clamp(1, 256)
+}
+
+/// Batched sibling of [`matvec`]: `out[t][r] = W[r] · xs[t]` for `m` rows of `xs`
+/// (`xs` is `m × cols`, `out` is `m × rows`). Each element is computed by the same
+/// [`row_dot`] as the m=1 kernel; blocks of weight rows are reused across tokens.
+pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
+    let (rows, cols) = (w.rows, w.cols);
+    debug_assert_eq!(xs.len(), m * cols);
+    debug_assert_eq!(out.len(), m * rows);
+    if m == 1 {
+        return matvec(w, xs, out);
+    }
+    let block = row_block(w);
+    let nblocks = rows.div_ceil(block);
+    // Each block of weight rows is one task; it writes a disjoint column strip of `out`.
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let work = |b: usize| {
+        let r0 = b * block;
+        let r1 = (r0 + block).min(rows);
+        for t in 0..m {
+            let x = &xs[t * cols..(t + 1) * cols];
+            for r in r0..r1 {
+                // SAFETY: (t, r) pairs are disjoint across tasks since r ranges are.
+                unsafe { *out_ptr.get().add(t * rows + r) = row_dot(w, r, x) };
+            }
+        }
+    };
+    if rows * cols * m < PAR_THRESHOLD {
+        (0..nblocks).for_each(work);
+    } else {
+        (0..nblocks).into_par_iter().for_each(work);
+    }
+}
+
+/// A raw pointer that may be shared across rayon tasks writing disjoint elements.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: used only for writes to disjoint indices, joined before the borrow ends.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+impl SyncPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// RMSNorm of one row: `out[i] = w[i] * (x[i] / sqrt(mean(x²) + eps))`.
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ms = dot_f32(x, x) / x.len() as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
+        *o = wi * (xi * r);
+    }
+}
+
+/// In-place RMSNorm of one row.
+pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let ms = dot_f32(x, x) / x.len() as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    for (xi, &wi) in x.iter_mut().zip(w) {
+        *xi = wi * (*xi * r);
+    }
+}
+
+/// SiLU activation `x · σ(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// In-place numerically stable softmax.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn rand_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    #[test]
+    fn batched_matmul_is_byte_identical_to_matvec() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for &(rows, cols, m) in &[(1, 1, 1), (3, 17, 5), (33, 31, 7), (257, 129, 3), (600, 333, 13), (1031, 65, 2)] {
+            let wf = rand_vec(&mut rng, rows * cols);
+            let wb: Vec<u16> = wf.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            let xs = rand_vec(&mut rng, m * cols);
+            for data in [WeightData::F32(&wf), WeightData::Bf16(&wb)] {
+                let w = WeightView { data, rows, cols };
+                let mut batched = vec![0.0; m * rows];
+                matmul(&w, &xs, m, &mut batched);
+                for t in 0..m {
+                    let mut single = vec![0.0; rows];
+                    matvec(&w, &xs[t * cols..(t + 1) * cols], &mut single);
+                    let a: &[u32] = bytemuck::cast_slice(&single);
+                    let b: &[u32] = bytemuck::cast_slice(&batched[t * rows..(t + 1) * rows]);
+                    assert_eq!(a, b, "rows {rows} cols {cols} m {m} token {t}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dot_matches_f64_reference() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for n in [0, 1, 15, 16, 17, 100, 1000] {
+            let a = rand_vec(&mut rng, n);
+            let b = rand_vec(&mut rng, n);
+            let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            assert!((dot_f32(&a, &b) as f64 - exact).abs() < 1e-4, "n={n}");
+        }
+    }
+}

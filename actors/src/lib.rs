@@ -1,0 +1,13 @@
+//! The stages of smoe-pipeline: vault access, expert sources, the CPU reference
+//! kernels and forward pass, routing and sampling. Later stages (streamer, ring cache,
+//! scheduler, GPU executor) are actors built on these.
+
+pub mod blob_reader;
+pub mod forward;
+pub mod generation;
+pub mod kernels;
+pub mod model;
+pub mod routing;
+pub mod sampler;
+pub mod tensor;
+pub mod vault;

@@ -1,0 +1,257 @@
+//! Opening a vault: the manifest is parsed and checked against the files next to it,
+//! the resident tensors are memory-mapped and verified once, and the blob index is kept
+//! for whoever reads experts (the streamer, or the simple [`crate::blob_reader`]).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use smoe_proto::vault_format::align_up;
+use smoe_proto::{
+    DType, ExpertKey, ExpertLayout, Manifest, TensorEntry, VaultError, BLOB_ALIGN, FORMAT_VERSION,
+    MANIFEST_FILE,
+};
+
+use crate::tensor::WeightView;
+
+/// An opened, validated vault.
+pub struct Vault {
+    dir: PathBuf,
+    manifest: Manifest,
+    resident: Mmap,
+    /// For each decoder layer, the index into `manifest.experts.layers` (MoE layers only).
+    layer_slot: Vec<Option<usize>>,
+}
+
+/// A resident tensor resolved once at load: where it is and its shape.
+#[derive(Clone, Debug)]
+pub struct TensorRef {
+    offset: usize,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+}
+
+/// Where one expert blob lives on disk.
+#[derive(Clone, Debug)]
+pub struct BlobLocation {
+    /// Absolute path of the layer file.
+    pub file: PathBuf,
+    /// Offset of the blob (multiple of [`BLOB_ALIGN`]).
+    pub offset: u64,
+    /// Payload length covered by the checksum.
+    pub len: u64,
+    /// Bytes to read so the read stays O_DIRECT-aligned.
+    pub stride: u64,
+    /// Expected crc32c of the payload.
+    pub crc32c: u32,
+}
+
+fn manifest_err(file: &Path, reason: impl Into<String>) -> VaultError {
+    VaultError::Manifest { file: file.to_path_buf(), reason: reason.into() }
+}
+
+impl Vault {
+    /// Opens the vault in `dir`, checking the format version, the manifest against the
+    /// model configuration and the file sizes, and every resident tensor's checksum.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Vault, VaultError> {
+        let dir = dir.as_ref().to_path_buf();
+        let mpath = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&mpath).map_err(|e| {
+            manifest_err(
+                &mpath,
+                format!("cannot read the vault manifest ({e}); is this a directory made by `smoe-pipeline convert`?"),
+            )
+        })?;
+        let version: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
+        let found = version.get("format_version").and_then(|v| v.as_u64());
+        match found {
+            Some(v) if v == FORMAT_VERSION as u64 => {}
+            Some(v) => {
+                return Err(VaultError::Version {
+                    file: mpath,
+                    found: v as u32,
+                    expected: FORMAT_VERSION,
+                })
+            }
+            None => return Err(manifest_err(&mpath, "missing `format_version`")),
+        }
+        let manifest: Manifest = serde_json::from_value(version)
+            .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
+        manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
+        let layer_slot = check_expert_index(&mpath, &dir, &manifest)?;
+
+        let rpath = dir.join(&manifest.resident.file);
+        let rfile = File::open(&rpath).map_err(|e| manifest_err(&rpath, format!("cannot open: {e}")))?;
+        let actual = rfile.metadata().map(|m| m.len()).unwrap_or(0);
+        if actual != manifest.resident.file_len {
+            return Err(manifest_err(
+                &rpath,
+                format!(
+                    "file is {actual} bytes but the manifest says {}; the vault is truncated or was modified — re-run `smoe-pipeline convert`",
+                    manifest.resident.file_len
+                ),
+            ));
+        }
+        // SAFETY: the vault is treated as immutable while open; the map is read-only.
+        let resident = unsafe { Mmap::map(&rfile) }
+            .map_err(|e| VaultError::Io { file: rpath.clone(), offset: 0, source: e })?;
+        for t in &manifest.resident.tensors {
+            let end = t.offset.checked_add(t.len).filter(|&e| e <= actual);
+            let expected_len = (t.numel() * t.dtype.size()) as u64;
+            if end.is_none() || t.len != expected_len || t.offset % 64 != 0 {
+                return Err(manifest_err(
+                    &rpath,
+                    format!("tensor `{}` entry (offset {}, len {}) does not fit its shape or the file", t.name, t.offset, t.len),
+                ));
+            }
+            let bytes = &resident[t.offset as usize..(t.offset + t.len) as usize];
+            if crc32c::crc32c(bytes) != t.crc32c {
+                return Err(VaultError::TensorChecksum {
+                    name: t.name.clone(),
+                    file: rpath.clone(),
+                    offset: t.offset,
+                });
+            }
+        }
+        Ok(Vault { dir, manifest, resident, layer_slot })
+    }
+
+    /// The vault directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The parsed manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Layout shared by all expert blobs.
+    pub fn expert_layout(&self) -> &ExpertLayout {
+        &self.manifest.experts.layout
+    }
+
+    /// Looks up a resident tensor by name, checking its shape; the returned reference
+    /// is turned into a view with [`Vault::view`].
+    pub fn resolve(&self, name: &str, shape: &[usize]) -> Result<TensorRef, VaultError> {
+        let mpath = self.dir.join(MANIFEST_FILE);
+        let t: &TensorEntry = self
+            .manifest
+            .resident
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| manifest_err(&mpath, format!("resident tensor `{name}` is missing")))?;
+        if t.shape != shape {
+            return Err(manifest_err(
+                &mpath,
+                format!("resident tensor `{name}` has shape {:?}, the model needs {shape:?}", t.shape),
+            ));
+        }
+        let (rows, cols) = match shape {
+            [n] => (1, *n),
+            [r, c] => (*r, *c),
+            _ => return Err(manifest_err(&mpath, format!("tensor `{name}` is not 1-D or 2-D"))),
+        };
+        Ok(TensorRef { offset: t.offset as usize, dtype: t.dtype, rows, cols })
+    }
+
+    /// A view of a resolved resident tensor.
+    pub fn view(&self, r: &TensorRef) -> WeightView<'_> {
+        let len = r.rows * r.cols * r.dtype.size();
+        WeightView::from_bytes(r.dtype, &self.resident[r.offset..r.offset + len], r.rows, r.cols)
+    }
+
+    /// Where the blob of `key` is stored.
+    pub fn blob(&self, key: ExpertKey) -> Result<BlobLocation, VaultError> {
+        let none = || VaultError::NoSuchExpert { layer: key.layer, expert: key.expert };
+        let li = self.layer_slot.get(key.layer as usize).copied().flatten().ok_or_else(none)?;
+        let layer = &self.manifest.experts.layers[li];
+        let entry = layer.blobs.get(key.expert as usize).ok_or_else(none)?;
+        let layout = &self.manifest.experts.layout;
+        Ok(BlobLocation {
+            file: self.dir.join(&layer.file),
+            offset: entry.offset,
+            len: layout.blob_len,
+            stride: layout.blob_stride,
+            crc32c: entry.crc32c,
+        })
+    }
+
+    /// Total bytes of all expert blobs (payload, not padding).
+    pub fn expert_bytes(&self) -> u64 {
+        let n: usize = self.manifest.experts.layers.iter().map(|l| l.blobs.len()).sum();
+        n as u64 * self.manifest.experts.layout.blob_len
+    }
+}
+
+/// Checks the expert index against the model and the layer files' sizes; returns the
+/// decoder-layer → index map.
+fn check_expert_index(
+    mpath: &Path,
+    dir: &Path,
+    m: &Manifest,
+) -> Result<Vec<Option<usize>>, VaultError> {
+    let cfg = &m.model;
+    let layout = &m.experts.layout;
+    if cfg.num_experts > 0 {
+        let want = ExpertLayout::new(layout.dtype, cfg.hidden_size, cfg.moe_intermediate_size);
+        if *layout != want {
+            return Err(manifest_err(mpath, "expert layout does not match the model's expert shape"));
+        }
+    }
+    if layout.blob_stride != align_up(layout.blob_len, BLOB_ALIGN) {
+        return Err(manifest_err(mpath, "expert blob stride is not the 16 KiB-aligned blob length"));
+    }
+    let moe = cfg.moe_layers();
+    let listed: Vec<usize> = m.experts.layers.iter().map(|l| l.layer).collect();
+    if listed != moe {
+        return Err(manifest_err(
+            mpath,
+            format!("expert index lists layers {listed:?} but the model's MoE layers are {moe:?}"),
+        ));
+    }
+    let mut map = vec![None; cfg.num_hidden_layers];
+    for (i, l) in m.experts.layers.iter().enumerate() {
+        map[l.layer] = Some(i);
+        let path = dir.join(&l.file);
+        if l.blobs.len() != cfg.num_experts {
+            return Err(manifest_err(
+                mpath,
+                format!("layer {} lists {} blobs, the model has {} experts", l.layer, l.blobs.len(), cfg.num_experts),
+            ));
+        }
+        let actual = std::fs::metadata(&path)
+            .map_err(|e| manifest_err(&path, format!("cannot open expert file: {e}")))?
+            .len();
+        if actual != l.file_len {
+            return Err(manifest_err(
+                &path,
+                format!(
+                    "file is {actual} bytes but the manifest says {}; the vault is truncated or was modified — re-run `smoe-pipeline convert`",
+                    l.file_len
+                ),
+            ));
+        }
+        for (e, b) in l.blobs.iter().enumerate() {
+            if b.offset % BLOB_ALIGN != 0 || b.offset + layout.blob_stride > l.file_len {
+                return Err(manifest_err(
+                    &path,
+                    format!("blob of expert {e} at offset {} is misaligned or past the end of the file", b.offset),
+                ));
+            }
+        }
+    }
+    Ok(map)
+}
+
+/// Element type names accepted on the command line.
+pub fn parse_dtype(s: &str) -> Option<DType> {
+    match s {
+        "f32" => Some(DType::F32),
+        "bf16" => Some(DType::Bf16),
+        _ => None,
+    }
+}

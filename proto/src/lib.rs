@@ -1,0 +1,16 @@
+//! Types shared by every smoe-pipeline stage: the model configuration, the vault's
+//! on-disk format, expert identities and the handles that carry expert bytes between
+//! stages without copying them.
+
+pub mod error;
+pub mod handle;
+pub mod model_config;
+pub mod vault_format;
+
+pub use error::VaultError;
+pub use handle::{ExpertHandle, ExpertKey, ExpertSource, SlotOwner};
+pub use model_config::ModelConfig;
+pub use vault_format::{
+    align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, PartLayout, ResidentIndex,
+    TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
+};

@@ -1,0 +1,129 @@
+//! The normalised model configuration the engine runs from, independent of which key
+//! style the original checkpoint's `config.json` used.
+
+use serde::{Deserialize, Serialize};
+
+/// Shape and hyper-parameters of a Qwen3-MoE style decoder, as stored in the vault
+/// manifest. Produced by the checkpoint reader from a HuggingFace `config.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// HuggingFace architecture name the vault was converted from.
+    pub architecture: String,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Intermediate width of dense (non-MoE) MLP layers.
+    pub intermediate_size: usize,
+    /// Intermediate width of each routed expert.
+    pub moe_intermediate_size: usize,
+    /// Number of decoder layers.
+    pub num_hidden_layers: usize,
+    /// Number of query heads.
+    pub num_attention_heads: usize,
+    /// Number of key/value heads (GQA when smaller than `num_attention_heads`).
+    pub num_key_value_heads: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Vocabulary size (rows of the embedding and LM head).
+    pub vocab_size: usize,
+    /// Epsilon of every RMSNorm.
+    pub rms_norm_eps: f32,
+    /// RoPE base frequency.
+    pub rope_theta: f64,
+    /// Longest context the model was trained for.
+    pub max_position_embeddings: usize,
+    /// Routed experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts chosen per token (top-k).
+    pub num_experts_per_tok: usize,
+    /// Whether the top-k routing weights are renormalised to sum to one.
+    pub norm_topk_prob: bool,
+    /// Every `decoder_sparse_step`-th layer is MoE (counting from 1).
+    pub decoder_sparse_step: usize,
+    /// Layers forced to use the dense MLP.
+    pub mlp_only_layers: Vec<usize>,
+    /// Whether the LM head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Token ids that end generation.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Whether decoder layer `layer` uses the routed-expert MoE block (otherwise the
+    /// dense MLP), following the Qwen3-MoE rule.
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        !self.mlp_only_layers.contains(&layer)
+            && self.num_experts > 0
+            && self.decoder_sparse_step > 0
+            && (layer + 1) % self.decoder_sparse_step == 0
+    }
+
+    /// Indices of the MoE layers, in order.
+    pub fn moe_layers(&self) -> Vec<usize> {
+        (0..self.num_hidden_layers)
+            .filter(|&l| self.is_moe_layer(l))
+            .collect()
+    }
+
+    /// Rows of the fused query projection.
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    /// Rows of the key (and value) projection.
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Checks internal consistency; returns the name of the offending field and why.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("`{name}` must be positive"));
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(format!(
+                "`num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({})",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
+        }
+        if self.num_experts > 0 {
+            if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
+                return Err(format!(
+                    "`num_experts_per_tok` ({}) must be in 1..={}",
+                    self.num_experts_per_tok, self.num_experts
+                ));
+            }
+            if self.moe_intermediate_size == 0 {
+                return Err("`moe_intermediate_size` must be positive".into());
+            }
+            if self.num_experts > u16::MAX as usize || self.num_hidden_layers > u16::MAX as usize {
+                return Err("`num_experts` and `num_hidden_layers` must fit in 16 bits".into());
+            }
+        }
+        if (0..self.num_hidden_layers).any(|l| !self.is_moe_layer(l)) && self.intermediate_size == 0
+        {
+            return Err("`intermediate_size` must be positive when dense layers exist".into());
+        }
+        if !(self.rms_norm_eps > 0.0) {
+            return Err("`rms_norm_eps` must be positive".into());
+        }
+        if !(self.rope_theta > 0.0) {
+            return Err("`rope_theta` must be positive".into());
+        }
+        Ok(())
+    }
+}

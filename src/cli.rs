@@ -1,0 +1,85 @@
+//! Command-line interface definitions.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// smoe-pipeline: run mixture-of-experts models larger than memory by streaming
+/// routed experts from NVMe.
+#[derive(Parser, Debug)]
+#[command(name = "smoe-pipeline", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Convert a HuggingFace checkpoint directory into a vault.
+    Convert(ConvertArgs),
+    /// Generate text from a vault.
+    Generate(GenerateArgs),
+}
+
+/// Arguments of `convert`.
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// HuggingFace model directory (config.json, *.safetensors, tokenizer files).
+    #[arg(long)]
+    pub hf: PathBuf,
+    /// Vault directory to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Weight element type: f32 or bf16 (default: bf16 for bf16 checkpoints, else f32).
+    #[arg(long, value_parser = ["f32", "bf16"])]
+    pub dtype: Option<String>,
+    /// Overwrite an existing vault at --out.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Arguments of `generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// Vault directory made by `convert`.
+    #[arg(long)]
+    pub vault: PathBuf,
+    /// Prompt text (tokenized with the vault's tokenizer).
+    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: usize,
+    /// Sampling temperature (below 1e-4: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Repetition penalty (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keep generating after an end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object (ids, text, stats) instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the logits of every generated token to this safetensors file.
+    #[arg(long)]
+    pub logits_out: Option<PathBuf>,
+    /// Longest sequence (prompt + generated) to size the KV cache for.
+    #[arg(long, default_value_t = 8192)]
+    pub max_context: usize,
+}

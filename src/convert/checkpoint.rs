@@ -1,0 +1,126 @@
+//! A HuggingFace safetensors checkpoint opened for streaming: every shard is
+//! memory-mapped and only its header is parsed; tensor bytes are read from the maps on
+//! demand, so converting never loads a whole file into memory.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+/// Element types a checkpoint tensor may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SrcDtype {
+    /// binary32.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// binary16.
+    F16,
+}
+
+/// One tensor's place in a shard.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    /// Index of the shard in [`Checkpoint::shards`].
+    pub shard: usize,
+    /// Element type.
+    pub dtype: SrcDtype,
+    /// Shape, outermost first.
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the shard file.
+    pub start: usize,
+    /// End of the byte range.
+    pub end: usize,
+}
+
+/// An opened checkpoint directory.
+pub struct Checkpoint {
+    /// Shard file paths.
+    pub shards: Vec<PathBuf>,
+    maps: Vec<Mmap>,
+    /// Every tensor by name.
+    pub tensors: BTreeMap<String, TensorInfo>,
+}
+
+impl Checkpoint {
+    /// Opens `dir`: `model.safetensors.index.json` when present, otherwise every
+    /// `*.safetensors` file in the directory.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let index = dir.join("model.safetensors.index.json");
+        let mut shards: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).with_context(|| format!("cannot read {}", index.display()))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .with_context(|| format!("{}: field `weight_map` is missing or not an object", index.display()))?;
+            let mut files: Vec<PathBuf> = map
+                .values()
+                .map(|v| v.as_str().map(|s| dir.join(s)))
+                .collect::<Option<_>>()
+                .with_context(|| format!("{}: `weight_map` values must be file names", index.display()))?;
+            files.sort();
+            files.dedup();
+            files
+        } else {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+                .with_context(|| format!("cannot list {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            files.sort();
+            files
+        };
+        if shards.is_empty() {
+            bail!("no *.safetensors files in {}", dir.display());
+        }
+        shards.dedup();
+        let mut maps = Vec::with_capacity(shards.len());
+        let mut tensors = BTreeMap::new();
+        for (si, path) in shards.iter().enumerate() {
+            let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            // SAFETY: the checkpoint is read-only input; it must not change during conversion.
+            let map = unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
+            let (header_len, meta) = SafeTensors::read_metadata(&map)
+                .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
+            let base = 8 + header_len;
+            for (name, info) in meta.tensors() {
+                let dtype = match info.dtype {
+                    Dtype::F32 => SrcDtype::F32,
+                    Dtype::BF16 => SrcDtype::Bf16,
+                    Dtype::F16 => SrcDtype::F16,
+                    other => bail!(
+                        "{}: tensor `{name}` has dtype {other:?}; supported dtypes are F32, BF16 and F16",
+                        path.display()
+                    ),
+                };
+                let (s, e) = info.data_offsets;
+                tensors.insert(
+                    name.clone(),
+                    TensorInfo { shard: si, dtype, shape: info.shape.clone(), start: base + s, end: base + e },
+                );
+            }
+            maps.push(map);
+        }
+        Ok(Checkpoint { shards, maps, tensors })
+    }
+
+    /// Looks up `name`, checking that its shape is `shape`.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<(&TensorInfo, &[u8])> {
+        let info = self.tensors.get(name).with_context(|| {
+            format!("tensor `{name}` is missing from the checkpoint ({} shard(s))", self.shards.len())
+        })?;
+        if info.shape != shape {
+            bail!(
+                "tensor `{name}` in {} has shape {:?}, but config.json implies {shape:?}",
+                self.shards[info.shard].display(),
+                info.shape
+            );
+        }
+        Ok((info, &self.maps[info.shard][info.start..info.end]))
+    }
+}

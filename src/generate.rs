@@ -1,0 +1,116 @@
+//! `smoe-pipeline generate`: one prompt in, streamed text (or one JSON object) out.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use smoe_actors::blob_reader::BlobReader;
+use smoe_actors::forward::{Forward, KvCache};
+use smoe_actors::generation::{generate, GenerateRequest};
+use smoe_actors::model::Model;
+use smoe_actors::sampler::SamplingParams;
+use smoe_actors::vault::Vault;
+
+use crate::cli::GenerateArgs;
+use crate::tokenizer::{self, Detokenizer};
+
+/// Runs `generate` with parsed arguments.
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let vault = Arc::new(Vault::open(&args.vault)?);
+    let model = Arc::new(Model::load(Arc::clone(&vault), args.max_context)?);
+    let tok = match &args.prompt {
+        Some(_) => Some(tokenizer::load(&args.vault)?),
+        None => tokenizer::load(&args.vault).ok(),
+    };
+    let prompt = match (&args.prompt, &args.prompt_ids) {
+        (Some(text), _) => tokenizer::encode(tok.as_ref().context("tokenizer")?, text)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty: give at least one token");
+    }
+    let vocab = model.cfg.vocab_size;
+    if let Some(id) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        bail!("--prompt-ids: token id {id} is out of the vocabulary (the model has {vocab} tokens, ids 0..{})", vocab - 1);
+    }
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+    };
+    sampling.validate().map_err(|e| anyhow::anyhow!("invalid sampling option: {e}"))?;
+    let req = GenerateRequest { prompt: prompt.clone(), max_tokens: args.max_tokens, sampling, ignore_eos: args.ignore_eos };
+
+    let reader = Arc::new(BlobReader::new(Arc::clone(&vault)));
+    let mut fwd = Forward::new(Arc::clone(&model), reader.clone(), 1);
+    let mut kv = KvCache::new(&model);
+    let mut detok = tok.as_ref().map(Detokenizer::new);
+    let mut ids = Vec::new();
+    let mut logits_rows: Vec<f32> = Vec::new();
+    let keep_logits = args.logits_out.is_some();
+    let mut out = std::io::stdout().lock();
+    let mut stream_err = None;
+    let (reason, stats) = generate(&mut fwd, &mut kv, &req, |id, logits| {
+        ids.push(id);
+        if keep_logits {
+            logits_rows.extend_from_slice(logits);
+        }
+        if let Some(d) = detok.as_mut() {
+            match d.push(id) {
+                Ok(piece) if !args.json => {
+                    let _ = write!(out, "{piece}");
+                    let _ = out.flush();
+                }
+                Ok(_) => {}
+                Err(e) => stream_err = Some(e),
+            }
+        }
+        stream_err.is_none()
+    })?;
+    if let Some(e) = stream_err {
+        return Err(e);
+    }
+    if let Some(path) = &args.logits_out {
+        write_logits(path, &logits_rows, ids.len(), vocab)?;
+    }
+    let text = match &detok {
+        Some(d) => d.text()?,
+        None => String::new(),
+    };
+    if args.json {
+        let v = json!({
+            "prompt_ids": prompt,
+            "token_ids": ids,
+            "text": text,
+            "finish_reason": format!("{reason:?}").to_lowercase(),
+            "stats": {
+                "ttft_ms": stats.ttft.as_secs_f64() * 1e3,
+                "prefill_tokens": stats.prefill_tokens,
+                "decode_tokens": stats.decode_tokens(),
+                "decode_tok_s": stats.decode_tok_s(),
+                "bytes_read": reader.bytes_read(),
+                "blob_reads": reader.blob_reads(),
+            }
+        });
+        writeln!(out, "{v}")?;
+    } else if detok.is_none() {
+        writeln!(out, "{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))?;
+    } else {
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// Writes `rows × vocab` f32 logits as a safetensors file with one tensor `logits`.
+fn write_logits(path: &Path, data: &[f32], rows: usize, vocab: usize) -> Result<()> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], bytes)
+        .context("building the logits tensor")?;
+    safetensors::serialize_to_file([("logits", view)], None, path)
+        .with_context(|| format!("cannot write {}", path.display()))
+}

@@ -1,0 +1,45 @@
+//! The `smoe-pipeline` binary.
+
+mod cli;
+mod convert;
+mod generate;
+mod tokenizer;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use cli::{Cli, Command};
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Convert(a) => {
+            let dtype = a.dtype.as_deref().and_then(smoe_actors::vault::parse_dtype);
+            let opts = convert::ConvertOptions { hf: a.hf, out: a.out, dtype, force: a.force };
+            let m = convert::convert(&opts)?;
+            eprintln!(
+                "wrote vault {} ({} layers, {} MoE layers × {} experts, {} weights)",
+                opts.out.display(),
+                m.model.num_hidden_layers,
+                m.experts.layers.len(),
+                m.model.num_experts,
+                m.experts.layout.dtype.name()
+            );
+            Ok(())
+        }
+        Command::Generate(a) => generate::run(&a),
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
