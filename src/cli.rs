@@ -47,7 +47,11 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub vault: PathBuf,
     /// Prompt text (tokenized with the vault's tokenizer).
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
     pub prompt: Option<String>,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]

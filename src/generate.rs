@@ -43,8 +43,15 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         repetition_penalty: args.repetition_penalty,
         seed: args.seed,
     };
-    sampling.validate().map_err(|e| anyhow::anyhow!("invalid sampling option: {e}"))?;
-    let req = GenerateRequest { prompt: prompt.clone(), max_tokens: args.max_tokens, sampling, ignore_eos: args.ignore_eos };
+    sampling
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid sampling option: {e}"))?;
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: args.max_tokens,
+        sampling,
+        ignore_eos: args.ignore_eos,
+    };
 
     let reader = Arc::new(BlobReader::new(Arc::clone(&vault)));
     let mut fwd = Forward::new(Arc::clone(&model), reader.clone(), 1);
@@ -99,9 +106,16 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         });
         writeln!(out, "{v}")?;
     } else if detok.is_none() {
-        writeln!(out, "{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))?;
-    } else {
-        writeln!(out)?;
+        writeln!(
+            out,
+            "{}",
+            ids.iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        )?;
+    } else if let Some(d) = detok.as_mut() {
+        writeln!(out, "{}", d.flush()?)?;
     }
     Ok(())
 }
@@ -109,8 +123,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 /// Writes `rows × vocab` f32 logits as a safetensors file with one tensor `logits`.
 fn write_logits(path: &Path, data: &[f32], rows: usize, vocab: usize) -> Result<()> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], bytes)
-        .context("building the logits tensor")?;
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], bytes)
+            .context("building the logits tensor")?;
     safetensors::serialize_to_file([("logits", view)], None, path)
         .with_context(|| format!("cannot write {}", path.display()))
 }

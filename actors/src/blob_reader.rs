@@ -33,7 +33,11 @@ impl SlotOwner for OwnedBlob {
 impl BlobReader {
     /// A reader over `vault`'s blob files.
     pub fn new(vault: Arc<Vault>) -> Self {
-        BlobReader { vault, bytes_read: AtomicU64::new(0), blob_reads: AtomicU64::new(0) }
+        BlobReader {
+            vault,
+            bytes_read: AtomicU64::new(0),
+            blob_reads: AtomicU64::new(0),
+        }
     }
 
     /// Bytes read from disk so far.
@@ -48,7 +52,12 @@ impl BlobReader {
 }
 
 /// Verifies a freshly read blob's length and checksum, naming the blob on failure.
-pub fn verify_blob(key: ExpertKey, loc: &BlobLocation, got: u64, payload: &[u8]) -> Result<(), VaultError> {
+pub fn verify_blob(
+    key: ExpertKey,
+    loc: &BlobLocation,
+    got: u64,
+    payload: &[u8],
+) -> Result<(), VaultError> {
     if got < loc.len {
         return Err(VaultError::ShortRead {
             layer: key.layer,
@@ -91,7 +100,11 @@ pub fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<u
 impl ExpertSource for BlobReader {
     fn claim(&self, key: ExpertKey) -> Result<ExpertHandle, VaultError> {
         let loc = self.vault.blob(key)?;
-        let io = |e| VaultError::Io { file: loc.file.clone(), offset: loc.offset, source: e };
+        let io = |e| VaultError::Io {
+            file: loc.file.clone(),
+            offset: loc.offset,
+            source: e,
+        };
         let file = File::open(&loc.file).map_err(io)?;
         let mut buf = vec![0u64; loc.len.div_ceil(8) as usize];
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf);
@@ -99,6 +112,11 @@ impl ExpertSource for BlobReader {
         verify_blob(key, &loc, got, bytes)?;
         self.bytes_read.fetch_add(loc.len, Ordering::Relaxed);
         self.blob_reads.fetch_add(1, Ordering::Relaxed);
-        Ok(ExpertHandle::new(Arc::new(OwnedBlob { buf }), 0, key, loc.len as usize))
+        Ok(ExpertHandle::new(
+            Arc::new(OwnedBlob { buf }),
+            0,
+            key,
+            loc.len as usize,
+        ))
     }
 }

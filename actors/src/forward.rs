@@ -51,7 +51,11 @@ impl KvCache {
     pub fn new(model: &Model) -> Self {
         let n = model.max_context * model.cfg.kv_dim();
         let layers = model.cfg.num_hidden_layers;
-        KvCache { k: (0..layers).map(|_| vec![0.0; n]).collect(), v: (0..layers).map(|_| vec![0.0; n]).collect(), len: 0 }
+        KvCache {
+            k: (0..layers).map(|_| vec![0.0; n]).collect(),
+            v: (0..layers).map(|_| vec![0.0; n]).collect(),
+            len: 0,
+        }
     }
 
     /// Positions filled.
@@ -142,7 +146,13 @@ impl Forward {
             logits: vec![0.0; c.vocab_size],
         };
         let routing = Vec::with_capacity(c.num_hidden_layers);
-        Forward { model, experts, max_rows: m, s, routing }
+        Forward {
+            model,
+            experts,
+            max_rows: m,
+            s,
+            routing,
+        }
     }
 
     /// The model this pass runs.
@@ -162,17 +172,32 @@ impl Forward {
 
     /// Runs `tokens` (at positions `kv.len()..`) through every layer, appending their
     /// keys and values to `kv`. When `want_logits`, returns the logits of the last token.
-    pub fn forward(&mut self, kv: &mut KvCache, tokens: &[u32], want_logits: bool) -> Result<Option<&[f32]>, ForwardError> {
+    pub fn forward(
+        &mut self,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<Option<&[f32]>, ForwardError> {
         let m = tokens.len();
-        assert!(m > 0 && m <= self.max_rows, "block of {m} tokens exceeds max_rows {}", self.max_rows);
+        assert!(
+            m > 0 && m <= self.max_rows,
+            "block of {m} tokens exceeds max_rows {}",
+            self.max_rows
+        );
         let model = Arc::clone(&self.model);
         let cfg = &model.cfg;
         let start = kv.len;
         if start + m > model.max_context {
-            return Err(ForwardError::ContextFull { needed: start + m, max: model.max_context });
+            return Err(ForwardError::ContextFull {
+                needed: start + m,
+                max: model.max_context,
+            });
         }
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(ForwardError::TokenOutOfVocab { id, vocab: cfg.vocab_size });
+            return Err(ForwardError::TokenOutOfVocab {
+                id,
+                vocab: cfg.vocab_size,
+            });
         }
         let h = cfg.hidden_size;
         let embed = model.w(&model.embed);
@@ -194,12 +219,29 @@ impl Forward {
             return Ok(None);
         }
         let last = &self.s.x[(m - 1) * h..m * h];
-        rmsnorm(last, model.vec(&model.norm), cfg.rms_norm_eps, &mut self.s.xn[..h]);
-        matvec(&model.w(&model.lm_head), &self.s.xn[..h], &mut self.s.logits);
+        rmsnorm(
+            last,
+            model.vec(&model.norm),
+            cfg.rms_norm_eps,
+            &mut self.s.xn[..h],
+        );
+        matvec(
+            &model.w(&model.lm_head),
+            &self.s.xn[..h],
+            &mut self.s.logits,
+        );
         Ok(Some(&self.s.logits))
     }
 
-    fn attention(&mut self, model: &Model, l: usize, layer: &LayerRefs, kv: &mut KvCache, start: usize, m: usize) {
+    fn attention(
+        &mut self,
+        model: &Model,
+        l: usize,
+        layer: &LayerRefs,
+        kv: &mut KvCache,
+        start: usize,
+        m: usize,
+    ) {
         let cfg = &model.cfg;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
@@ -207,7 +249,12 @@ impl Forward {
         let s = &mut self.s;
         let norm = model.vec(&layer.input_norm);
         for t in 0..m {
-            rmsnorm(&s.x[t * h..(t + 1) * h], norm, eps, &mut s.xn[t * h..(t + 1) * h]);
+            rmsnorm(
+                &s.x[t * h..(t + 1) * h],
+                norm,
+                eps,
+                &mut s.xn[t * h..(t + 1) * h],
+            );
         }
         let xn = &s.xn[..m * h];
         matmul(&model.w(&layer.q), xn, m, &mut s.q[..m * qd]);
@@ -255,7 +302,11 @@ impl Forward {
             if n * qd < 1 << 14 {
                 chunks.enumerate().for_each(per_head);
             } else {
-                s.scores.par_chunks_mut(ctx).zip(out.par_chunks_exact_mut(hd)).enumerate().for_each(per_head);
+                s.scores
+                    .par_chunks_mut(ctx)
+                    .zip(out.par_chunks_exact_mut(hd))
+                    .enumerate()
+                    .for_each(per_head);
             }
         }
         matmul(&model.w(&layer.o), &s.attn[..m * qd], m, &mut s.o[..m * h]);
@@ -268,21 +319,50 @@ impl Forward {
         let h = model.cfg.hidden_size;
         let norm = model.vec(&layer.post_norm);
         for t in 0..m {
-            rmsnorm(&self.s.x[t * h..(t + 1) * h], norm, model.cfg.rms_norm_eps, &mut self.s.xn[t * h..(t + 1) * h]);
+            rmsnorm(
+                &self.s.x[t * h..(t + 1) * h],
+                norm,
+                model.cfg.rms_norm_eps,
+                &mut self.s.xn[t * h..(t + 1) * h],
+            );
         }
     }
 
-    fn dense_ffn(&mut self, model: &Model, layer: &LayerRefs, gate: WeightView<'_>, up: WeightView<'_>, down: WeightView<'_>, m: usize) {
+    fn dense_ffn(
+        &mut self,
+        model: &Model,
+        layer: &LayerRefs,
+        gate: WeightView<'_>,
+        up: WeightView<'_>,
+        down: WeightView<'_>,
+        m: usize,
+    ) {
         self.post_norm(model, layer, m);
         let h = model.cfg.hidden_size;
         let s = &mut self.s;
-        swiglu(gate, up, down, &s.xn[..m * h], m, &mut s.g, &mut s.u, &mut s.ysub);
+        swiglu(
+            gate,
+            up,
+            down,
+            &s.xn[..m * h],
+            m,
+            &mut s.g,
+            &mut s.u,
+            &mut s.ysub,
+        );
         for (x, y) in s.x[..m * h].iter_mut().zip(&s.ysub[..m * h]) {
             *x += y;
         }
     }
 
-    fn moe_ffn(&mut self, model: &Model, l: usize, layer: &LayerRefs, router: WeightView<'_>, m: usize) -> Result<(), VaultError> {
+    fn moe_ffn(
+        &mut self,
+        model: &Model,
+        l: usize,
+        layer: &LayerRefs,
+        router: WeightView<'_>,
+        m: usize,
+    ) -> Result<(), VaultError> {
         self.post_norm(model, layer, m);
         let cfg = &model.cfg;
         let (h, ne, k) = (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok);
@@ -325,9 +405,23 @@ impl Forward {
             let blob = self.experts.claim(ExpertKey::new(l, e as usize))?;
             let part = |p: &smoe_proto::PartLayout| {
                 let off = p.offset as usize;
-                WeightView::from_bytes(layout.dtype, &blob[off..off + p.rows * p.cols * layout.dtype.size()], p.rows, p.cols)
+                WeightView::from_bytes(
+                    layout.dtype,
+                    &blob[off..off + p.rows * p.cols * layout.dtype.size()],
+                    p.rows,
+                    p.cols,
+                )
             };
-            swiglu(part(&layout.gate), part(&layout.up), part(&layout.down), &s.xsub[..n * h], n, &mut s.g, &mut s.u, &mut s.ysub);
+            swiglu(
+                part(&layout.gate),
+                part(&layout.up),
+                part(&layout.down),
+                &s.xsub[..n * h],
+                n,
+                &mut s.g,
+                &mut s.u,
+                &mut s.ysub,
+            );
             drop(blob);
             for (j, &i) in s.pairs.iter().enumerate() {
                 let i = i as usize;
@@ -350,14 +444,26 @@ impl Forward {
                 *xv += a;
             }
         }
-        self.routing.push(LayerRouting { layer: l, union: s.union.clone() });
+        self.routing.push(LayerRouting {
+            layer: l,
+            union: s.union.clone(),
+        });
         Ok(())
     }
 }
 
 /// SwiGLU feed-forward for `m` rows: `down · (silu(gate · x) ⊙ (up · x))` into `y`.
 #[allow(clippy::too_many_arguments)]
-fn swiglu(gate: WeightView<'_>, up: WeightView<'_>, down: WeightView<'_>, x: &[f32], m: usize, g: &mut [f32], u: &mut [f32], y: &mut [f32]) {
+fn swiglu(
+    gate: WeightView<'_>,
+    up: WeightView<'_>,
+    down: WeightView<'_>,
+    x: &[f32],
+    m: usize,
+    g: &mut [f32],
+    u: &mut [f32],
+    y: &mut [f32],
+) {
     let (inter, h) = (gate.rows, down.rows);
     let (g, u) = (&mut g[..m * inter], &mut u[..m * inter]);
     matmul(&gate, x, m, g);

@@ -80,7 +80,10 @@ impl RopeTable {
     /// Rotates one head vector in place for position `pos` (rotate-half convention).
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let h = self.half;
-        let (c, s) = (&self.cos[pos * h..(pos + 1) * h], &self.sin[pos * h..(pos + 1) * h]);
+        let (c, s) = (
+            &self.cos[pos * h..(pos + 1) * h],
+            &self.sin[pos * h..(pos + 1) * h],
+        );
         for i in 0..h {
             let (a, b) = (x[i], x[i + h]);
             x[i] = a * c[i] - b * s[i];
@@ -135,7 +138,10 @@ impl Model {
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let ffn = if cfg.is_moe_layer(l) {
-                FfnRefs::Moe { router: vault.resolve(&format!("{p}.mlp.gate.weight"), &[cfg.num_experts, h])? }
+                FfnRefs::Moe {
+                    router: vault
+                        .resolve(&format!("{p}.mlp.gate.weight"), &[cfg.num_experts, h])?,
+                }
             } else {
                 let i = cfg.intermediate_size;
                 FfnRefs::Dense {
@@ -159,7 +165,16 @@ impl Model {
         let norm = norm_vec("model.norm.weight", h)?;
         let max_context = max_context.clamp(1, cfg.max_position_embeddings);
         let rope = RopeTable::new(cfg.rope_theta, cfg.head_dim, max_context);
-        Ok(Model { vault, cfg, embed, norm, lm_head, layers, rope, max_context })
+        Ok(Model {
+            vault,
+            cfg,
+            embed,
+            norm,
+            lm_head,
+            layers,
+            rope,
+            max_context,
+        })
     }
 
     /// A view of a resident tensor.

@@ -48,7 +48,10 @@ pub struct BlobLocation {
 }
 
 fn manifest_err(file: &Path, reason: impl Into<String>) -> VaultError {
-    VaultError::Manifest { file: file.to_path_buf(), reason: reason.into() }
+    VaultError::Manifest {
+        file: file.to_path_buf(),
+        reason: reason.into(),
+    }
 }
 
 impl Vault {
@@ -79,11 +82,15 @@ impl Vault {
         }
         let manifest: Manifest = serde_json::from_value(version)
             .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
-        manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
+        manifest
+            .model
+            .validate()
+            .map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
         let layer_slot = check_expert_index(&mpath, &dir, &manifest)?;
 
         let rpath = dir.join(&manifest.resident.file);
-        let rfile = File::open(&rpath).map_err(|e| manifest_err(&rpath, format!("cannot open: {e}")))?;
+        let rfile =
+            File::open(&rpath).map_err(|e| manifest_err(&rpath, format!("cannot open: {e}")))?;
         let actual = rfile.metadata().map(|m| m.len()).unwrap_or(0);
         if actual != manifest.resident.file_len {
             return Err(manifest_err(
@@ -95,15 +102,21 @@ impl Vault {
             ));
         }
         // SAFETY: the vault is treated as immutable while open; the map is read-only.
-        let resident = unsafe { Mmap::map(&rfile) }
-            .map_err(|e| VaultError::Io { file: rpath.clone(), offset: 0, source: e })?;
+        let resident = unsafe { Mmap::map(&rfile) }.map_err(|e| VaultError::Io {
+            file: rpath.clone(),
+            offset: 0,
+            source: e,
+        })?;
         for t in &manifest.resident.tensors {
             let end = t.offset.checked_add(t.len).filter(|&e| e <= actual);
             let expected_len = (t.numel() * t.dtype.size()) as u64;
             if end.is_none() || t.len != expected_len || t.offset % 64 != 0 {
                 return Err(manifest_err(
                     &rpath,
-                    format!("tensor `{}` entry (offset {}, len {}) does not fit its shape or the file", t.name, t.offset, t.len),
+                    format!(
+                        "tensor `{}` entry (offset {}, len {}) does not fit its shape or the file",
+                        t.name, t.offset, t.len
+                    ),
                 ));
             }
             let bytes = &resident[t.offset as usize..(t.offset + t.len) as usize];
@@ -115,7 +128,12 @@ impl Vault {
                 });
             }
         }
-        Ok(Vault { dir, manifest, resident, layer_slot })
+        Ok(Vault {
+            dir,
+            manifest,
+            resident,
+            layer_slot,
+        })
     }
 
     /// The vault directory.
@@ -147,27 +165,53 @@ impl Vault {
         if t.shape != shape {
             return Err(manifest_err(
                 &mpath,
-                format!("resident tensor `{name}` has shape {:?}, the model needs {shape:?}", t.shape),
+                format!(
+                    "resident tensor `{name}` has shape {:?}, the model needs {shape:?}",
+                    t.shape
+                ),
             ));
         }
         let (rows, cols) = match shape {
             [n] => (1, *n),
             [r, c] => (*r, *c),
-            _ => return Err(manifest_err(&mpath, format!("tensor `{name}` is not 1-D or 2-D"))),
+            _ => {
+                return Err(manifest_err(
+                    &mpath,
+                    format!("tensor `{name}` is not 1-D or 2-D"),
+                ))
+            }
         };
-        Ok(TensorRef { offset: t.offset as usize, dtype: t.dtype, rows, cols })
+        Ok(TensorRef {
+            offset: t.offset as usize,
+            dtype: t.dtype,
+            rows,
+            cols,
+        })
     }
 
     /// A view of a resolved resident tensor.
     pub fn view(&self, r: &TensorRef) -> WeightView<'_> {
         let len = r.rows * r.cols * r.dtype.size();
-        WeightView::from_bytes(r.dtype, &self.resident[r.offset..r.offset + len], r.rows, r.cols)
+        WeightView::from_bytes(
+            r.dtype,
+            &self.resident[r.offset..r.offset + len],
+            r.rows,
+            r.cols,
+        )
     }
 
     /// Where the blob of `key` is stored.
     pub fn blob(&self, key: ExpertKey) -> Result<BlobLocation, VaultError> {
-        let none = || VaultError::NoSuchExpert { layer: key.layer, expert: key.expert };
-        let li = self.layer_slot.get(key.layer as usize).copied().flatten().ok_or_else(none)?;
+        let none = || VaultError::NoSuchExpert {
+            layer: key.layer,
+            expert: key.expert,
+        };
+        let li = self
+            .layer_slot
+            .get(key.layer as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(none)?;
         let layer = &self.manifest.experts.layers[li];
         let entry = layer.blobs.get(key.expert as usize).ok_or_else(none)?;
         let layout = &self.manifest.experts.layout;
@@ -182,7 +226,13 @@ impl Vault {
 
     /// Total bytes of all expert blobs (payload, not padding).
     pub fn expert_bytes(&self) -> u64 {
-        let n: usize = self.manifest.experts.layers.iter().map(|l| l.blobs.len()).sum();
+        let n: usize = self
+            .manifest
+            .experts
+            .layers
+            .iter()
+            .map(|l| l.blobs.len())
+            .sum();
         n as u64 * self.manifest.experts.layout.blob_len
     }
 }
@@ -199,11 +249,17 @@ fn check_expert_index(
     if cfg.num_experts > 0 {
         let want = ExpertLayout::new(layout.dtype, cfg.hidden_size, cfg.moe_intermediate_size);
         if *layout != want {
-            return Err(manifest_err(mpath, "expert layout does not match the model's expert shape"));
+            return Err(manifest_err(
+                mpath,
+                "expert layout does not match the model's expert shape",
+            ));
         }
     }
     if layout.blob_stride != align_up(layout.blob_len, BLOB_ALIGN) {
-        return Err(manifest_err(mpath, "expert blob stride is not the 16 KiB-aligned blob length"));
+        return Err(manifest_err(
+            mpath,
+            "expert blob stride is not the 16 KiB-aligned blob length",
+        ));
     }
     let moe = cfg.moe_layers();
     let listed: Vec<usize> = m.experts.layers.iter().map(|l| l.layer).collect();
@@ -220,7 +276,12 @@ fn check_expert_index(
         if l.blobs.len() != cfg.num_experts {
             return Err(manifest_err(
                 mpath,
-                format!("layer {} lists {} blobs, the model has {} experts", l.layer, l.blobs.len(), cfg.num_experts),
+                format!(
+                    "layer {} lists {} blobs, the model has {} experts",
+                    l.layer,
+                    l.blobs.len(),
+                    cfg.num_experts
+                ),
             ));
         }
         let actual = std::fs::metadata(&path)
@@ -239,7 +300,10 @@ fn check_expert_index(
             if b.offset % BLOB_ALIGN != 0 || b.offset + layout.blob_stride > l.file_len {
                 return Err(manifest_err(
                     &path,
-                    format!("blob of expert {e} at offset {} is misaligned or past the end of the file", b.offset),
+                    format!(
+                        "blob of expert {e} at offset {} is misaligned or past the end of the file",
+                        b.offset
+                    ),
                 ));
             }
         }

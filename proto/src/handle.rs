@@ -22,7 +22,10 @@ pub struct ExpertKey {
 impl ExpertKey {
     /// Builds a key from layer and expert indices.
     pub fn new(layer: usize, expert: usize) -> Self {
-        ExpertKey { layer: layer as u16, expert: expert as u16 }
+        ExpertKey {
+            layer: layer as u16,
+            expert: expert as u16,
+        }
     }
 }
 
@@ -53,7 +56,12 @@ impl ExpertHandle {
     /// Wraps a reference the owner has already counted for `slot`; the handle releases
     /// it on drop. `len` is the blob's payload length.
     pub fn new(owner: Arc<dyn SlotOwner>, slot: u32, key: ExpertKey, len: usize) -> Self {
-        ExpertHandle { owner, slot, key, len }
+        ExpertHandle {
+            owner,
+            slot,
+            key,
+            len,
+        }
     }
 
     /// The expert this handle refers to.

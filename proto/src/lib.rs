@@ -11,6 +11,6 @@ pub use error::VaultError;
 pub use handle::{ExpertHandle, ExpertKey, ExpertSource, SlotOwner};
 pub use model_config::ModelConfig;
 pub use vault_format::{
-    align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, PartLayout, ResidentIndex,
-    TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
+    align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, PartLayout,
+    ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
 };

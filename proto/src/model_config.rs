@@ -55,7 +55,7 @@ impl ModelConfig {
         !self.mlp_only_layers.contains(&layer)
             && self.num_experts > 0
             && self.decoder_sparse_step > 0
-            && (layer + 1) % self.decoder_sparse_step == 0
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
     }
 
     /// Indices of the MoE layers, in order.
@@ -91,14 +91,17 @@ impl ModelConfig {
                 return Err(format!("`{name}` must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(format!(
                 "`num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({})",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
-            return Err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "`head_dim` ({}) must be even for RoPE",
+                self.head_dim
+            ));
         }
         if self.num_experts > 0 {
             if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
@@ -118,10 +121,10 @@ impl ModelConfig {
         {
             return Err("`intermediate_size` must be positive when dense layers exist".into());
         }
-        if !(self.rms_norm_eps > 0.0) {
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 {
             return Err("`rms_norm_eps` must be positive".into());
         }
-        if !(self.rope_theta > 0.0) {
+        if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err("`rope_theta` must be positive".into());
         }
         Ok(())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The project's one test command: installs what the tests need on a fresh machine
+# (Debian packages, Python packages for the fixture check), then runs every check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+for pkg in "$@"; do need_apt+=("$pkg"); done
+if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
+fi
+
+# Python reference (transformers) to re-check the committed golden fixtures.
+if ! python3 -c "import torch, transformers, safetensors, tokenizers" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check torch transformers safetensors tokenizers
+fi
+echo "== golden fixtures: recompute with transformers and compare"
+python3 tests/fixtures/make_fixtures.py --check
+
+echo "== format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+echo "== tests"
+cargo test --workspace

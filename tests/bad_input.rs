@@ -1,0 +1,299 @@
+//! Bad input gets a clear error naming what is wrong, a non-zero exit and no panic:
+//! broken checkpoints, corrupted or mismatched vaults, out-of-vocabulary prompts.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+/// Copies fixture `name` into `dir` and returns the copy's path.
+fn copy_fixture(name: &str, dir: &Path) -> PathBuf {
+    let dst = dir.join(name);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst
+}
+
+/// Rewrites `dir/model.safetensors`, letting `edit` replace, drop or keep each tensor.
+fn rewrite_tensors(
+    dir: &Path,
+    edit: impl Fn(&str, Dtype, &[usize], &[u8]) -> Option<(Dtype, Vec<usize>, Vec<u8>)>,
+) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut kept = Vec::new();
+    for (name, t) in st.tensors() {
+        if let Some((dtype, shape, data)) = edit(&name, t.dtype(), t.shape(), t.data()) {
+            kept.push((name, dtype, shape, data));
+        }
+    }
+    let views: Vec<(String, TensorView<'_>)> = kept
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+}
+
+fn convert_err(hf: &Path, out: &Path) -> String {
+    run_err(&[
+        "convert",
+        "--hf",
+        hf.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}
+
+const Q_PROJ: &str = "model.layers.1.self_attn.q_proj.weight";
+
+#[test]
+fn missing_config_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("moe_all", dir.path());
+    std::fs::remove_file(hf.join("config.json")).unwrap();
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(err.contains("config.json is missing"), "{err}");
+}
+
+#[test]
+fn garbled_config_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("moe_all", dir.path());
+    std::fs::write(hf.join("config.json"), "{\"hidden_size\": 64,,").unwrap();
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(err.contains("config.json is not valid JSON"), "{err}");
+}
+
+#[test]
+fn wrong_typed_and_missing_config_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("moe_all", dir.path());
+    let cfg_path = hf.join("config.json");
+    let orig: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg = orig.clone();
+    cfg["hidden_size"] = serde_json::json!("sixty-four");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(
+        err.contains("`hidden_size` must be a non-negative integer"),
+        "{err}"
+    );
+
+    let mut cfg = orig.clone();
+    cfg.as_object_mut().unwrap().remove("num_experts");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(
+        err.contains("num_experts") && err.contains("num_local_experts"),
+        "{err}"
+    );
+
+    let mut cfg = orig;
+    cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(
+        err.contains("`architectures`") && err.contains("LlamaForCausalLM"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("moe_all", dir.path());
+    rewrite_tensors(&hf, |n, d, s, b| {
+        (n != Q_PROJ).then(|| (d, s.to_vec(), b.to_vec()))
+    });
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(
+        err.contains(&format!("tensor `{Q_PROJ}` is missing")),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("moe_all", dir.path());
+    rewrite_tensors(&hf, |n, d, s, b| {
+        let mut shape = s.to_vec();
+        if n == Q_PROJ {
+            shape.swap(0, 1);
+            shape[0] /= 2;
+            shape[1] *= 2;
+        }
+        Some((d, shape, b.to_vec()))
+    });
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(
+        err.contains(Q_PROJ) && err.contains("has shape [32, 128]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unsupported_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("moe_all", dir.path());
+    rewrite_tensors(&hf, |n, d, s, b| {
+        Some(if n == Q_PROJ {
+            (Dtype::I32, s.to_vec(), b.to_vec())
+        } else {
+            (d, s.to_vec(), b.to_vec())
+        })
+    });
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(
+        err.contains(Q_PROJ) && err.contains("I32") && err.contains("supported dtypes"),
+        "{err}"
+    );
+}
+
+fn manifest(vault: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(vault.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn generate_err(vault: &Path, ids: &str) -> String {
+    run_err(&[
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt-ids",
+        ids,
+        "--max-tokens",
+        "4",
+        "--json",
+    ])
+}
+
+#[test]
+fn truncated_blob_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let file = vault.join("experts/layer_001.bin");
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len - 5000)
+        .unwrap();
+    let err = generate_err(&vault, "1,2,3");
+    assert!(
+        err.contains("layer_001.bin") && err.contains("truncated"),
+        "{err}"
+    );
+}
+
+#[test]
+fn flipped_byte_in_blob_names_layer_expert_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let m = manifest(&vault);
+    let layer0 = &m["experts"]["layers"][0];
+    let file = vault.join(layer0["file"].as_str().unwrap());
+    let mut bytes = std::fs::read(&file).unwrap();
+    let offsets: Vec<u64> = layer0["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["offset"].as_u64().unwrap())
+        .collect();
+    // Corrupt every expert of layer 0, so whichever is routed first is caught.
+    for &o in &offsets {
+        bytes[o as usize + 1234] ^= 0x40;
+    }
+    std::fs::write(&file, bytes).unwrap();
+    let err = generate_err(&vault, "5,6,7");
+    assert!(
+        err.contains("checksum mismatch for layer 0 expert"),
+        "{err}"
+    );
+    let expert: usize = err
+        .split("layer 0 expert ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        err.contains(&format!("at offset {}", offsets[expert])),
+        "{err}"
+    );
+    assert!(err.contains("layer_000.bin"), "{err}");
+}
+
+#[test]
+fn manifest_version_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let mut m = manifest(&vault);
+    m["format_version"] = serde_json::json!(999);
+    std::fs::write(vault.join("manifest.json"), m.to_string()).unwrap();
+    let err = generate_err(&vault, "1");
+    assert!(err.contains("format version 999 is not supported"), "{err}");
+}
+
+#[test]
+fn corrupted_resident_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let file = vault.join("resident.bin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let err = generate_err(&vault, "1");
+    assert!(
+        err.contains("checksum mismatch for resident tensor `model.embed_tokens.weight`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn not_a_vault() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = generate_err(dir.path(), "1");
+    assert!(
+        err.contains("manifest.json") && err.contains("smoe-pipeline convert"),
+        "{err}"
+    );
+}
+
+#[test]
+fn prompt_ids_out_of_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let err = generate_err(&vault, "1,2,100000");
+    assert!(
+        err.contains("token id 100000 is out of the vocabulary"),
+        "{err}"
+    );
+    let err = run_err(&[
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt-ids",
+        "1,x",
+    ]);
+    assert!(err.contains("--prompt-ids"), "{err}");
+}
+
+#[test]
+fn existing_vault_is_not_overwritten_without_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let err = convert_err(&fixture("moe_all"), &vault);
+    assert!(err.contains("--force"), "{err}");
+    convert("moe_all", dir.path(), &["--force"]);
+}
