@@ -47,11 +47,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub vault: PathBuf,
     /// Prompt text (tokenized with the vault's tokenizer).
-    #[arg(
-        long,
-        conflicts_with = "prompt_ids",
-        required_unless_present = "prompt_ids"
-    )]
+    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
     pub prompt: Option<String>,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
@@ -83,7 +79,30 @@ pub struct GenerateArgs {
     /// Write the logits of every generated token to this safetensors file.
     #[arg(long)]
     pub logits_out: Option<PathBuf>,
+    /// Engine and I/O settings.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Write one JSON line per expert claim (pos, layer, expert, hit, bytes) to this file.
+    #[arg(long)]
+    pub trace_out: Option<PathBuf>,
+}
+
+/// Engine settings shared by the commands that run a model.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
     /// Longest sequence (prompt + generated) to size the KV cache for.
     #[arg(long, default_value_t = 8192)]
     pub max_context: usize,
+    /// Ring slots (each holds one expert); default: 4 GiB worth, at most every expert.
+    #[arg(long, conflicts_with = "ring_bytes")]
+    pub ring_slots: Option<usize>,
+    /// Ring size in bytes (alternative to --ring-slots).
+    #[arg(long)]
+    pub ring_bytes: Option<u64>,
+    /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread.
+    #[arg(long, default_value = "auto")]
+    pub io: smoe_actors::streamer::IoChoice,
+    /// Reads in flight (io_uring) or reader threads (pread).
+    #[arg(long, default_value_t = 8)]
+    pub queue_depth: usize,
 }

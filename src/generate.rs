@@ -6,20 +6,35 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use smoe_actors::blob_reader::BlobReader;
-use smoe_actors::forward::{Forward, KvCache};
+use smoe_actors::engine::{Engine, EngineOptions, RingSize, DEFAULT_RING_BYTES};
+use smoe_actors::forward::KvCache;
 use smoe_actors::generation::{generate, GenerateRequest};
-use smoe_actors::model::Model;
+use smoe_actors::ring::memory::HostAllocator;
+use smoe_actors::ring::slots::STATE_NAMES;
 use smoe_actors::sampler::SamplingParams;
-use smoe_actors::vault::Vault;
+use smoe_actors::streamer::StreamerOptions;
 
-use crate::cli::GenerateArgs;
+use crate::cli::{EngineArgs, GenerateArgs};
+
+/// Engine options from the command line.
+pub fn engine_options(a: &EngineArgs) -> EngineOptions {
+    let ring = match (a.ring_slots, a.ring_bytes) {
+        (Some(n), _) => RingSize::Slots(n),
+        (None, Some(b)) => RingSize::Bytes(b),
+        (None, None) => RingSize::Bytes(DEFAULT_RING_BYTES),
+    };
+    EngineOptions {
+        max_context: a.max_context,
+        ring,
+        streamer: StreamerOptions { io: a.io, queue_depth: a.queue_depth, fault: None },
+    }
+}
 use crate::tokenizer::{self, Detokenizer};
 
 /// Runs `generate` with parsed arguments.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let vault = Arc::new(Vault::open(&args.vault)?);
-    let model = Arc::new(Model::load(Arc::clone(&vault), args.max_context)?);
+    let engine = Engine::open(&args.vault, &engine_options(&args.engine), &HostAllocator)?;
+    let model = Arc::clone(&engine.model);
     let tok = match &args.prompt {
         Some(_) => Some(tokenizer::load(&args.vault)?),
         None => tokenizer::load(&args.vault).ok(),
@@ -34,7 +49,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     let vocab = model.cfg.vocab_size;
     if let Some(id) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        bail!("--prompt-ids: token id {id} is out of the vocabulary (the model has {vocab} tokens, ids 0..{})", vocab - 1);
+        bail!(
+            "--prompt-ids: token id {id} is out of the vocabulary (the model has {vocab} tokens, ids 0..{})",
+            vocab - 1
+        );
     }
     let sampling = SamplingParams {
         temperature: args.temperature,
@@ -43,9 +61,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         repetition_penalty: args.repetition_penalty,
         seed: args.seed,
     };
-    sampling
-        .validate()
-        .map_err(|e| anyhow::anyhow!("invalid sampling option: {e}"))?;
+    sampling.validate().map_err(|e| anyhow::anyhow!("invalid sampling option: {e}"))?;
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_tokens: args.max_tokens,
@@ -53,8 +69,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
     };
 
-    let reader = Arc::new(BlobReader::new(Arc::clone(&vault)));
-    let mut fwd = Forward::new(Arc::clone(&model), reader.clone(), 1);
+    let mut fwd = engine.forward(1);
+    if args.trace_out.is_some() {
+        fwd.enable_trace();
+    }
     let mut kv = KvCache::new(&model);
     let mut detok = tok.as_ref().map(Detokenizer::new);
     let mut ids = Vec::new();
@@ -85,6 +103,12 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if let Some(path) = &args.logits_out {
         write_logits(path, &logits_rows, ids.len(), vocab)?;
     }
+    if let Some(path) = &args.trace_out {
+        write_trace(path, &fwd.take_trace())?;
+    }
+    let ring = engine.ring.stats();
+    let slot_states: serde_json::Map<String, serde_json::Value> =
+        STATE_NAMES.iter().zip(ring.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
     let text = match &detok {
         Some(d) => d.text()?,
         None => String::new(),
@@ -100,32 +124,40 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "prefill_tokens": stats.prefill_tokens,
                 "decode_tokens": stats.decode_tokens(),
                 "decode_tok_s": stats.decode_tok_s(),
-                "bytes_read": reader.bytes_read(),
-                "blob_reads": reader.blob_reads(),
+                "bytes_read": ring.bytes_read,
+                "blob_reads": ring.blob_reads,
+                "ring_hits": ring.hits,
+                "ring_misses": ring.misses,
+                "ring_evictions": ring.evictions,
+                "ring_slots": engine.ring.n_slots(),
+                "slot_states": slot_states,
+                "io": engine.ring.io_mode().name(),
             }
         });
         writeln!(out, "{v}")?;
     } else if detok.is_none() {
-        writeln!(
-            out,
-            "{}",
-            ids.iter()
-                .map(|i| i.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        )?;
+        writeln!(out, "{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))?;
     } else if let Some(d) = detok.as_mut() {
         writeln!(out, "{}", d.flush()?)?;
     }
     Ok(())
 }
 
+/// Writes one JSON line per expert claim.
+fn write_trace(path: &Path, events: &[smoe_actors::forward::ClaimEvent]) -> Result<()> {
+    let mut text = String::new();
+    for e in events {
+        text.push_str(&serde_json::to_string(e)?);
+        text.push('\n');
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// Writes `rows × vocab` f32 logits as a safetensors file with one tensor `logits`.
 fn write_logits(path: &Path, data: &[f32], rows: usize, vocab: usize) -> Result<()> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
-    let view =
-        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], bytes)
-            .context("building the logits tensor")?;
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], bytes)
+        .context("building the logits tensor")?;
     safetensors::serialize_to_file([("logits", view)], None, path)
         .with_context(|| format!("cannot write {}", path.display()))
 }

@@ -14,12 +14,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Convert(a) => {
             let dtype = a.dtype.as_deref().and_then(smoe_actors::vault::parse_dtype);
-            let opts = convert::ConvertOptions {
-                hf: a.hf,
-                out: a.out,
-                dtype,
-                force: a.force,
-            };
+            let opts = convert::ConvertOptions { hf: a.hf, out: a.out, dtype, force: a.force };
             let m = convert::convert(&opts)?;
             eprintln!(
                 "wrote vault {} ({} layers, {} MoE layers × {} experts, {} weights)",

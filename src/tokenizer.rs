@@ -19,9 +19,7 @@ pub fn load(vault_dir: &Path) -> Result<Tokenizer> {
 
 /// Tokenizes `text` the way the HuggingFace tokenizer does by default.
 pub fn encode(tok: &Tokenizer, text: &str) -> Result<Vec<u32>> {
-    let enc = tok
-        .encode(text, true)
-        .map_err(|e| anyhow!("cannot tokenize the prompt: {e}"))?;
+    let enc = tok.encode(text, true).map_err(|e| anyhow!("cannot tokenize the prompt: {e}"))?;
     Ok(enc.get_ids().to_vec())
 }
 
@@ -36,20 +34,13 @@ pub struct Detokenizer<'a> {
 impl<'a> Detokenizer<'a> {
     /// A detokenizer with no tokens yet.
     pub fn new(tok: &'a Tokenizer) -> Self {
-        Detokenizer {
-            tok,
-            ids: Vec::new(),
-            emitted: 0,
-        }
+        Detokenizer { tok, ids: Vec::new(), emitted: 0 }
     }
 
     /// Adds `id`; returns the newly completed text, if any.
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
-        let text = self
-            .tok
-            .decode(&self.ids, true)
-            .map_err(|e| anyhow!("cannot detokenize: {e}"))?;
+        let text = self.tok.decode(&self.ids, true).map_err(|e| anyhow!("cannot detokenize: {e}"))?;
         if text.ends_with('\u{FFFD}') || text.len() < self.emitted {
             return Ok(String::new());
         }
@@ -71,8 +62,6 @@ impl<'a> Detokenizer<'a> {
 
     /// All text decoded so far.
     pub fn text(&self) -> Result<String> {
-        self.tok
-            .decode(&self.ids, true)
-            .map_err(|e| anyhow!("cannot detokenize: {e}"))
+        self.tok.decode(&self.ids, true).map_err(|e| anyhow!("cannot detokenize: {e}"))
     }
 }

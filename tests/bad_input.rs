@@ -34,21 +34,13 @@ fn rewrite_tensors(
             kept.push((name, dtype, shape, data));
         }
     }
-    let views: Vec<(String, TensorView<'_>)> = kept
-        .iter()
-        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
+    let views: Vec<(String, TensorView<'_>)> =
+        kept.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
     safetensors::serialize_to_file(views, None, &path).unwrap();
 }
 
 fn convert_err(hf: &Path, out: &Path) -> String {
-    run_err(&[
-        "convert",
-        "--hf",
-        hf.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ])
+    run_err(&["convert", "--hf", hf.to_str().unwrap(), "--out", out.to_str().unwrap()])
 }
 
 const Q_PROJ: &str = "model.layers.1.self_attn.q_proj.weight";
@@ -76,48 +68,33 @@ fn wrong_typed_and_missing_config_fields() {
     let dir = tempfile::tempdir().unwrap();
     let hf = copy_fixture("moe_all", dir.path());
     let cfg_path = hf.join("config.json");
-    let orig: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let orig: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     let mut cfg = orig.clone();
     cfg["hidden_size"] = serde_json::json!("sixty-four");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let err = convert_err(&hf, &dir.path().join("v"));
-    assert!(
-        err.contains("`hidden_size` must be a non-negative integer"),
-        "{err}"
-    );
+    assert!(err.contains("`hidden_size` must be a non-negative integer"), "{err}");
 
     let mut cfg = orig.clone();
     cfg.as_object_mut().unwrap().remove("num_experts");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let err = convert_err(&hf, &dir.path().join("v"));
-    assert!(
-        err.contains("num_experts") && err.contains("num_local_experts"),
-        "{err}"
-    );
+    assert!(err.contains("num_experts") && err.contains("num_local_experts"), "{err}");
 
     let mut cfg = orig;
     cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let err = convert_err(&hf, &dir.path().join("v"));
-    assert!(
-        err.contains("`architectures`") && err.contains("LlamaForCausalLM"),
-        "{err}"
-    );
+    assert!(err.contains("`architectures`") && err.contains("LlamaForCausalLM"), "{err}");
 }
 
 #[test]
 fn missing_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let hf = copy_fixture("moe_all", dir.path());
-    rewrite_tensors(&hf, |n, d, s, b| {
-        (n != Q_PROJ).then(|| (d, s.to_vec(), b.to_vec()))
-    });
+    rewrite_tensors(&hf, |n, d, s, b| (n != Q_PROJ).then(|| (d, s.to_vec(), b.to_vec())));
     let err = convert_err(&hf, &dir.path().join("v"));
-    assert!(
-        err.contains(&format!("tensor `{Q_PROJ}` is missing")),
-        "{err}"
-    );
+    assert!(err.contains(&format!("tensor `{Q_PROJ}` is missing")), "{err}");
 }
 
 #[test]
@@ -134,10 +111,7 @@ fn wrong_shape() {
         Some((d, shape, b.to_vec()))
     });
     let err = convert_err(&hf, &dir.path().join("v"));
-    assert!(
-        err.contains(Q_PROJ) && err.contains("has shape [32, 128]"),
-        "{err}"
-    );
+    assert!(err.contains(Q_PROJ) && err.contains("has shape [32, 128]"), "{err}");
 }
 
 #[test]
@@ -145,17 +119,10 @@ fn unsupported_dtype() {
     let dir = tempfile::tempdir().unwrap();
     let hf = copy_fixture("moe_all", dir.path());
     rewrite_tensors(&hf, |n, d, s, b| {
-        Some(if n == Q_PROJ {
-            (Dtype::I32, s.to_vec(), b.to_vec())
-        } else {
-            (d, s.to_vec(), b.to_vec())
-        })
+        Some(if n == Q_PROJ { (Dtype::I32, s.to_vec(), b.to_vec()) } else { (d, s.to_vec(), b.to_vec()) })
     });
     let err = convert_err(&hf, &dir.path().join("v"));
-    assert!(
-        err.contains(Q_PROJ) && err.contains("I32") && err.contains("supported dtypes"),
-        "{err}"
-    );
+    assert!(err.contains(Q_PROJ) && err.contains("I32") && err.contains("supported dtypes"), "{err}");
 }
 
 fn manifest(vault: &Path) -> serde_json::Value {
@@ -181,17 +148,9 @@ fn truncated_blob_file() {
     let vault = convert("moe_all", dir.path(), &[]);
     let file = vault.join("experts/layer_001.bin");
     let len = std::fs::metadata(&file).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_len(len - 5000)
-        .unwrap();
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len - 5000).unwrap();
     let err = generate_err(&vault, "1,2,3");
-    assert!(
-        err.contains("layer_001.bin") && err.contains("truncated"),
-        "{err}"
-    );
+    assert!(err.contains("layer_001.bin") && err.contains("truncated"), "{err}");
 }
 
 #[test]
@@ -202,35 +161,18 @@ fn flipped_byte_in_blob_names_layer_expert_and_offset() {
     let layer0 = &m["experts"]["layers"][0];
     let file = vault.join(layer0["file"].as_str().unwrap());
     let mut bytes = std::fs::read(&file).unwrap();
-    let offsets: Vec<u64> = layer0["blobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["offset"].as_u64().unwrap())
-        .collect();
+    let offsets: Vec<u64> =
+        layer0["blobs"].as_array().unwrap().iter().map(|b| b["offset"].as_u64().unwrap()).collect();
     // Corrupt every expert of layer 0, so whichever is routed first is caught.
     for &o in &offsets {
         bytes[o as usize + 1234] ^= 0x40;
     }
     std::fs::write(&file, bytes).unwrap();
     let err = generate_err(&vault, "5,6,7");
-    assert!(
-        err.contains("checksum mismatch for layer 0 expert"),
-        "{err}"
-    );
-    let expert: usize = err
-        .split("layer 0 expert ")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        err.contains(&format!("at offset {}", offsets[expert])),
-        "{err}"
-    );
+    assert!(err.contains("checksum mismatch for layer 0 expert"), "{err}");
+    let expert: usize =
+        err.split("layer 0 expert ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(err.contains(&format!("at offset {}", offsets[expert])), "{err}");
     assert!(err.contains("layer_000.bin"), "{err}");
 }
 
@@ -254,20 +196,14 @@ fn corrupted_resident_tensor() {
     bytes[100] ^= 1;
     std::fs::write(&file, bytes).unwrap();
     let err = generate_err(&vault, "1");
-    assert!(
-        err.contains("checksum mismatch for resident tensor `model.embed_tokens.weight`"),
-        "{err}"
-    );
+    assert!(err.contains("checksum mismatch for resident tensor `model.embed_tokens.weight`"), "{err}");
 }
 
 #[test]
 fn not_a_vault() {
     let dir = tempfile::tempdir().unwrap();
     let err = generate_err(dir.path(), "1");
-    assert!(
-        err.contains("manifest.json") && err.contains("smoe-pipeline convert"),
-        "{err}"
-    );
+    assert!(err.contains("manifest.json") && err.contains("smoe-pipeline convert"), "{err}");
 }
 
 #[test]
@@ -275,17 +211,8 @@ fn prompt_ids_out_of_vocabulary() {
     let dir = tempfile::tempdir().unwrap();
     let vault = convert("moe_all", dir.path(), &[]);
     let err = generate_err(&vault, "1,2,100000");
-    assert!(
-        err.contains("token id 100000 is out of the vocabulary"),
-        "{err}"
-    );
-    let err = run_err(&[
-        "generate",
-        "--vault",
-        vault.to_str().unwrap(),
-        "--prompt-ids",
-        "1,x",
-    ]);
+    assert!(err.contains("token id 100000 is out of the vocabulary"), "{err}");
+    let err = run_err(&["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,x"]);
     assert!(err.contains("--prompt-ids"), "{err}");
 }
 

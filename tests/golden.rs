@@ -23,24 +23,11 @@ fn check_fixture(name: &str, convert_args: &[&str]) {
         let (shape, ours) = read_f32(&lpath, "logits");
         let (gshape, theirs) = read_f32(&golden, &format!("case{i}"));
         assert_eq!(shape, gshape, "{name} case {i}: logits shape");
-        let max = ours
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        assert!(
-            max <= TOLERANCE,
-            "{name} case {i}: max |logit diff| {max} > {TOLERANCE}"
-        );
+        let max = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(max <= TOLERANCE, "{name} case {i}: max |logit diff| {max} > {TOLERANCE}");
         let stats = &out["stats"];
-        assert_eq!(
-            stats["prefill_tokens"].as_u64().unwrap() as usize,
-            prompt.len()
-        );
-        assert_eq!(
-            stats["decode_tokens"].as_u64().unwrap() as usize,
-            greedy.len() - 1
-        );
+        assert_eq!(stats["prefill_tokens"].as_u64().unwrap() as usize, prompt.len());
+        assert_eq!(stats["decode_tokens"].as_u64().unwrap() as usize, greedy.len() - 1);
         assert!(stats["blob_reads"].as_u64().unwrap() > 0);
     }
 }

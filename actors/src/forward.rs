@@ -83,6 +83,23 @@ pub struct LayerRouting {
     pub union: Vec<u16>,
 }
 
+/// One expert claim, as recorded by `--trace-out`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ClaimEvent {
+    /// Position of the first token of the block that claimed the expert.
+    pub pos: usize,
+    /// Tokens in that block (1 in token-serial decode).
+    pub rows: usize,
+    /// Decoder layer.
+    pub layer: usize,
+    /// Expert index.
+    pub expert: usize,
+    /// Whether no read was issued on behalf of this claim.
+    pub hit: bool,
+    /// Bytes read on behalf of this claim.
+    pub bytes: u64,
+}
+
 /// Buffers sized once for `max_rows` tokens; reused by every call.
 struct Scratch {
     x: Vec<f32>,
@@ -114,6 +131,7 @@ pub struct Forward {
     max_rows: usize,
     s: Scratch,
     routing: Vec<LayerRouting>,
+    trace: Option<Vec<ClaimEvent>>,
 }
 
 impl Forward {
@@ -146,13 +164,7 @@ impl Forward {
             logits: vec![0.0; c.vocab_size],
         };
         let routing = Vec::with_capacity(c.num_hidden_layers);
-        Forward {
-            model,
-            experts,
-            max_rows: m,
-            s,
-            routing,
-        }
+        Forward { model, experts, max_rows: m, s, routing, trace: None }
     }
 
     /// The model this pass runs.
@@ -163,6 +175,16 @@ impl Forward {
     /// Largest block of tokens one call accepts.
     pub fn max_rows(&self) -> usize {
         self.max_rows
+    }
+
+    /// Starts recording every expert claim (see [`Forward::take_trace`]).
+    pub fn enable_trace(&mut self) {
+        self.trace.get_or_insert_with(Vec::new);
+    }
+
+    /// The claims recorded since the last call, in execution order.
+    pub fn take_trace(&mut self) -> Vec<ClaimEvent> {
+        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Routing of each MoE layer during the last call.
@@ -179,25 +201,15 @@ impl Forward {
         want_logits: bool,
     ) -> Result<Option<&[f32]>, ForwardError> {
         let m = tokens.len();
-        assert!(
-            m > 0 && m <= self.max_rows,
-            "block of {m} tokens exceeds max_rows {}",
-            self.max_rows
-        );
+        assert!(m > 0 && m <= self.max_rows, "block of {m} tokens exceeds max_rows {}", self.max_rows);
         let model = Arc::clone(&self.model);
         let cfg = &model.cfg;
         let start = kv.len;
         if start + m > model.max_context {
-            return Err(ForwardError::ContextFull {
-                needed: start + m,
-                max: model.max_context,
-            });
+            return Err(ForwardError::ContextFull { needed: start + m, max: model.max_context });
         }
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(ForwardError::TokenOutOfVocab {
-                id,
-                vocab: cfg.vocab_size,
-            });
+            return Err(ForwardError::TokenOutOfVocab { id, vocab: cfg.vocab_size });
         }
         let h = cfg.hidden_size;
         let embed = model.w(&model.embed);
@@ -211,7 +223,7 @@ impl Forward {
                 FfnRefs::Dense { gate, up, down } => {
                     self.dense_ffn(&model, layer, model.w(gate), model.w(up), model.w(down), m)
                 }
-                FfnRefs::Moe { router } => self.moe_ffn(&model, l, layer, model.w(router), m)?,
+                FfnRefs::Moe { router } => self.moe_ffn(&model, l, layer, model.w(router), start, m)?,
             }
         }
         kv.len = start + m;
@@ -219,17 +231,8 @@ impl Forward {
             return Ok(None);
         }
         let last = &self.s.x[(m - 1) * h..m * h];
-        rmsnorm(
-            last,
-            model.vec(&model.norm),
-            cfg.rms_norm_eps,
-            &mut self.s.xn[..h],
-        );
-        matvec(
-            &model.w(&model.lm_head),
-            &self.s.xn[..h],
-            &mut self.s.logits,
-        );
+        rmsnorm(last, model.vec(&model.norm), cfg.rms_norm_eps, &mut self.s.xn[..h]);
+        matvec(&model.w(&model.lm_head), &self.s.xn[..h], &mut self.s.logits);
         Ok(Some(&self.s.logits))
     }
 
@@ -249,12 +252,7 @@ impl Forward {
         let s = &mut self.s;
         let norm = model.vec(&layer.input_norm);
         for t in 0..m {
-            rmsnorm(
-                &s.x[t * h..(t + 1) * h],
-                norm,
-                eps,
-                &mut s.xn[t * h..(t + 1) * h],
-            );
+            rmsnorm(&s.x[t * h..(t + 1) * h], norm, eps, &mut s.xn[t * h..(t + 1) * h]);
         }
         let xn = &s.xn[..m * h];
         matmul(&model.w(&layer.q), xn, m, &mut s.q[..m * qd]);
@@ -302,11 +300,7 @@ impl Forward {
             if n * qd < 1 << 14 {
                 chunks.enumerate().for_each(per_head);
             } else {
-                s.scores
-                    .par_chunks_mut(ctx)
-                    .zip(out.par_chunks_exact_mut(hd))
-                    .enumerate()
-                    .for_each(per_head);
+                s.scores.par_chunks_mut(ctx).zip(out.par_chunks_exact_mut(hd)).enumerate().for_each(per_head);
             }
         }
         matmul(&model.w(&layer.o), &s.attn[..m * qd], m, &mut s.o[..m * h]);
@@ -340,16 +334,7 @@ impl Forward {
         self.post_norm(model, layer, m);
         let h = model.cfg.hidden_size;
         let s = &mut self.s;
-        swiglu(
-            gate,
-            up,
-            down,
-            &s.xn[..m * h],
-            m,
-            &mut s.g,
-            &mut s.u,
-            &mut s.ysub,
-        );
+        swiglu(gate, up, down, &s.xn[..m * h], m, &mut s.g, &mut s.u, &mut s.ysub);
         for (x, y) in s.x[..m * h].iter_mut().zip(&s.ysub[..m * h]) {
             *x += y;
         }
@@ -361,6 +346,7 @@ impl Forward {
         l: usize,
         layer: &LayerRefs,
         router: WeightView<'_>,
+        start: usize,
         m: usize,
     ) -> Result<(), VaultError> {
         self.post_norm(model, layer, m);
@@ -372,6 +358,10 @@ impl Forward {
         // union, so its read can start while later tokens are still being routed.
         s.union.clear();
         s.in_union.fill(false);
+        // Announced experts form a prefix of the union: announcing stops at the first
+        // refusal (ring full), so claims in union order can never wait on a slot that a
+        // later announcement pins.
+        let mut announced = 0usize;
         for t in 0..m {
             route(
                 &mut s.router[t * ne..(t + 1) * ne],
@@ -384,12 +374,15 @@ impl Forward {
                 if !s.in_union[e as usize] {
                     s.in_union[e as usize] = true;
                     s.union.push(e);
-                    self.experts.announce(ExpertKey::new(l, e as usize));
+                    if announced + 1 == s.union.len() && self.experts.announce(ExpertKey::new(l, e as usize))
+                    {
+                        announced += 1;
+                    }
                 }
             }
         }
         let layout = *model.vault.expert_layout();
-        for &e in &s.union {
+        for (ui, &e) in s.union.iter().enumerate() {
             // (token, rank) pairs routed to `e`, in token order.
             s.pairs.clear();
             for (i, &te) in s.topk_e[..m * k].iter().enumerate() {
@@ -402,7 +395,26 @@ impl Forward {
                 let t = i as usize / k;
                 s.xsub[j * h..(j + 1) * h].copy_from_slice(&s.xn[t * h..(t + 1) * h]);
             }
-            let blob = self.experts.claim(ExpertKey::new(l, e as usize))?;
+            let blob = match self.experts.claim(ExpertKey::new(l, e as usize)) {
+                Ok(b) => b,
+                Err(err) => {
+                    for &later in s.union.iter().take(announced).skip(ui + 1) {
+                        self.experts.withdraw(ExpertKey::new(l, later as usize));
+                    }
+                    return Err(err);
+                }
+            };
+            if let Some(trace) = self.trace.as_mut() {
+                let info = blob.info();
+                trace.push(ClaimEvent {
+                    pos: start,
+                    rows: m,
+                    layer: l,
+                    expert: e as usize,
+                    hit: info.hit,
+                    bytes: info.bytes,
+                });
+            }
             let part = |p: &smoe_proto::PartLayout| {
                 let off = p.offset as usize;
                 WeightView::from_bytes(
@@ -444,10 +456,7 @@ impl Forward {
                 *xv += a;
             }
         }
-        self.routing.push(LayerRouting {
-            layer: l,
-            union: s.union.clone(),
-        });
+        self.routing.push(LayerRouting { layer: l, union: s.union.clone() });
         Ok(())
     }
 }

@@ -75,18 +75,12 @@ pub fn generate(
     }
     let needed = kv.len() + req.prompt.len() + req.max_tokens.saturating_sub(1);
     if needed > fwd.model().max_context {
-        return Err(ForwardError::ContextFull {
-            needed,
-            max: fwd.model().max_context,
-        });
+        return Err(ForwardError::ContextFull { needed, max: fwd.model().max_context });
     }
     let eos = fwd.model().cfg.eos_token_ids.clone();
     let mut sampler = Sampler::new(req.sampling.clone(), vocab);
     let mut history = req.prompt.clone();
-    let mut stats = GenerateStats {
-        prefill_tokens: req.prompt.len(),
-        ..Default::default()
-    };
+    let mut stats = GenerateStats { prefill_tokens: req.prompt.len(), ..Default::default() };
     let (last, body) = req.prompt.split_last().expect("non-empty prompt");
     for &t in body {
         fwd.forward(kv, &[t], false)?;

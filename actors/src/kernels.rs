@@ -88,13 +88,11 @@ pub fn matvec(w: &WeightView<'_>, x: &[f32], out: &mut [f32]) {
         }
     } else {
         let block = row_block(w);
-        out.par_chunks_mut(block)
-            .enumerate()
-            .for_each(|(b, chunk)| {
-                for (i, o) in chunk.iter_mut().enumerate() {
-                    *o = row_dot(w, b * block + i, x);
-                }
-            });
+        out.par_chunks_mut(block).enumerate().for_each(|(b, chunk)| {
+            for (i, o) in chunk.iter_mut().enumerate() {
+                *o = row_dot(w, b * block + i, x);
+            }
+        });
     }
 }
 
@@ -196,19 +194,11 @@ mod tests {
     #[test]
     fn batched_matmul_is_byte_identical_to_matvec() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
-        for &(rows, cols, m) in &[
-            (1, 1, 1),
-            (3, 17, 5),
-            (33, 31, 7),
-            (257, 129, 3),
-            (600, 333, 13),
-            (1031, 65, 2),
-        ] {
+        for &(rows, cols, m) in
+            &[(1, 1, 1), (3, 17, 5), (33, 31, 7), (257, 129, 3), (600, 333, 13), (1031, 65, 2)]
+        {
             let wf = rand_vec(&mut rng, rows * cols);
-            let wb: Vec<u16> = wf
-                .iter()
-                .map(|v| half::bf16::from_f32(*v).to_bits())
-                .collect();
+            let wb: Vec<u16> = wf.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
             let xs = rand_vec(&mut rng, m * cols);
             for data in [WeightData::F32(&wf), WeightData::Bf16(&wb)] {
                 let w = WeightView { data, rows, cols };

@@ -2,12 +2,15 @@
 //! kernels and forward pass, routing and sampling. Later stages (streamer, ring cache,
 //! scheduler, GPU executor) are actors built on these.
 
-pub mod blob_reader;
+pub mod blob_check;
+pub mod engine;
 pub mod forward;
 pub mod generation;
 pub mod kernels;
 pub mod model;
+pub mod ring;
 pub mod routing;
 pub mod sampler;
+pub mod streamer;
 pub mod tensor;
 pub mod vault;

@@ -62,9 +62,8 @@ impl RopeTable {
     /// Tables for positions `0..max_pos`, computed in f32 as the reference does.
     pub fn new(theta: f64, head_dim: usize, max_pos: usize) -> Self {
         let half = head_dim / 2;
-        let inv: Vec<f32> = (0..half)
-            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        let inv: Vec<f32> =
+            (0..half).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
         let mut cos = Vec::with_capacity(max_pos * half);
         let mut sin = Vec::with_capacity(max_pos * half);
         for p in 0..max_pos {
@@ -80,10 +79,7 @@ impl RopeTable {
     /// Rotates one head vector in place for position `pos` (rotate-half convention).
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let h = self.half;
-        let (c, s) = (
-            &self.cos[pos * h..(pos + 1) * h],
-            &self.sin[pos * h..(pos + 1) * h],
-        );
+        let (c, s) = (&self.cos[pos * h..(pos + 1) * h], &self.sin[pos * h..(pos + 1) * h]);
         for i in 0..h {
             let (a, b) = (x[i], x[i + h]);
             x[i] = a * c[i] - b * s[i];
@@ -129,18 +125,14 @@ impl Model {
             Ok(r)
         };
         let embed = vault.resolve("model.embed_tokens.weight", &[v, h])?;
-        let lm_head = if cfg.tie_word_embeddings {
-            embed.clone()
-        } else {
-            vault.resolve("lm_head.weight", &[v, h])?
-        };
+        let lm_head =
+            if cfg.tie_word_embeddings { embed.clone() } else { vault.resolve("lm_head.weight", &[v, h])? };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let ffn = if cfg.is_moe_layer(l) {
                 FfnRefs::Moe {
-                    router: vault
-                        .resolve(&format!("{p}.mlp.gate.weight"), &[cfg.num_experts, h])?,
+                    router: vault.resolve(&format!("{p}.mlp.gate.weight"), &[cfg.num_experts, h])?,
                 }
             } else {
                 let i = cfg.intermediate_size;
@@ -165,16 +157,7 @@ impl Model {
         let norm = norm_vec("model.norm.weight", h)?;
         let max_context = max_context.clamp(1, cfg.max_position_embeddings);
         let rope = RopeTable::new(cfg.rope_theta, cfg.head_dim, max_context);
-        Ok(Model {
-            vault,
-            cfg,
-            embed,
-            norm,
-            lm_head,
-            layers,
-            rope,
-            max_context,
-        })
+        Ok(Model { vault, cfg, embed, norm, lm_head, layers, rope, max_context })
     }
 
     /// A view of a resident tensor.

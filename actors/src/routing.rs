@@ -7,13 +7,7 @@ use crate::kernels::softmax_inplace;
 /// Chooses the top `k` experts from router `logits` (overwritten with the softmax
 /// probabilities). Experts are ordered by descending probability; equal probabilities
 /// are broken by the lower expert index. Writes `k` experts and weights.
-pub fn route(
-    logits: &mut [f32],
-    k: usize,
-    norm_topk_prob: bool,
-    experts: &mut [u16],
-    weights: &mut [f32],
-) {
+pub fn route(logits: &mut [f32], k: usize, norm_topk_prob: bool, experts: &mut [u16], weights: &mut [f32]) {
     softmax_inplace(logits);
     // Selection by repeated scans keeps the order defined without allocating; k is small.
     for slot in 0..k {

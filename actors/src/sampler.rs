@@ -24,13 +24,7 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            repetition_penalty: 1.0,
-            seed: 0,
-        }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, seed: 0 }
     }
 }
 
@@ -38,19 +32,13 @@ impl SamplingParams {
     /// Checks the ranges; returns the offending parameter's name and why.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            ));
+            return Err(format!("temperature must be >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return Err(format!(
-                "repetition_penalty must be > 0, got {}",
-                self.repetition_penalty
-            ));
+            return Err(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
         }
         Ok(())
     }
@@ -90,11 +78,7 @@ impl Sampler {
                 let t = t as usize;
                 if t < s.len() && !self.seen[t] {
                     self.seen[t] = true;
-                    s[t] = if s[t] < 0.0 {
-                        s[t] * p.repetition_penalty
-                    } else {
-                        s[t] / p.repetition_penalty
-                    };
+                    s[t] = if s[t] < 0.0 { s[t] * p.repetition_penalty } else { s[t] / p.repetition_penalty };
                 }
             }
             for &t in history {
@@ -112,8 +96,7 @@ impl Sampler {
         // Candidates sorted by descending logit, ties by lower id.
         self.order.clear();
         self.order.extend(0..s.len() as u32);
-        self.order
-            .sort_by(|&a, &b| s[b as usize].total_cmp(&s[a as usize]).then(a.cmp(&b)));
+        self.order.sort_by(|&a, &b| s[b as usize].total_cmp(&s[a as usize]).then(a.cmp(&b)));
         if p.top_k > 0 && p.top_k < self.order.len() {
             self.order.truncate(p.top_k);
         }
@@ -165,13 +148,7 @@ mod tests {
 
     #[test]
     fn greedy_takes_argmax_after_penalty() {
-        let mut s = Sampler::new(
-            SamplingParams {
-                repetition_penalty: 4.0,
-                ..Default::default()
-            },
-            3,
-        );
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 4.0, ..Default::default() }, 3);
         assert_eq!(s.sample(&[1.0, 3.0, 2.0], &[]), 1);
         assert_eq!(s.sample(&[1.0, 3.0, 2.0], &[1]), 2);
     }
@@ -179,12 +156,7 @@ mod tests {
     #[test]
     fn seeded_sampling_is_reproducible_and_respects_top_k() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let params = SamplingParams {
-            temperature: 1.0,
-            top_k: 3,
-            seed: 9,
-            ..Default::default()
-        };
+        let params = SamplingParams { temperature: 1.0, top_k: 3, seed: 9, ..Default::default() };
         let run = || {
             let mut s = Sampler::new(params.clone(), 50);
             (0..20).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
@@ -198,15 +170,8 @@ mod tests {
 
     #[test]
     fn tiny_top_p_is_greedy() {
-        let mut s = Sampler::new(
-            SamplingParams {
-                temperature: 0.7,
-                top_p: 1e-6,
-                seed: 3,
-                ..Default::default()
-            },
-            4,
-        );
+        let mut s =
+            Sampler::new(SamplingParams { temperature: 0.7, top_p: 1e-6, seed: 3, ..Default::default() }, 4);
         assert_eq!(s.sample(&[0.1, 0.2, 5.0, 0.3], &[]), 2);
     }
 }

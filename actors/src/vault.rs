@@ -1,6 +1,6 @@
 //! Opening a vault: the manifest is parsed and checked against the files next to it,
 //! the resident tensors are memory-mapped and verified once, and the blob index is kept
-//! for whoever reads experts (the streamer, or the simple [`crate::blob_reader`]).
+//! for the streamer that reads the experts.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -48,10 +48,7 @@ pub struct BlobLocation {
 }
 
 fn manifest_err(file: &Path, reason: impl Into<String>) -> VaultError {
-    VaultError::Manifest {
-        file: file.to_path_buf(),
-        reason: reason.into(),
-    }
+    VaultError::Manifest { file: file.to_path_buf(), reason: reason.into() }
 }
 
 impl Vault {
@@ -66,31 +63,23 @@ impl Vault {
                 format!("cannot read the vault manifest ({e}); is this a directory made by `smoe-pipeline convert`?"),
             )
         })?;
-        let version: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
+        let version: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
         let found = version.get("format_version").and_then(|v| v.as_u64());
         match found {
             Some(v) if v == FORMAT_VERSION as u64 => {}
             Some(v) => {
-                return Err(VaultError::Version {
-                    file: mpath,
-                    found: v as u32,
-                    expected: FORMAT_VERSION,
-                })
+                return Err(VaultError::Version { file: mpath, found: v as u32, expected: FORMAT_VERSION })
             }
             None => return Err(manifest_err(&mpath, "missing `format_version`")),
         }
         let manifest: Manifest = serde_json::from_value(version)
             .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
-        manifest
-            .model
-            .validate()
-            .map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
+        manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
         let layer_slot = check_expert_index(&mpath, &dir, &manifest)?;
 
         let rpath = dir.join(&manifest.resident.file);
-        let rfile =
-            File::open(&rpath).map_err(|e| manifest_err(&rpath, format!("cannot open: {e}")))?;
+        let rfile = File::open(&rpath).map_err(|e| manifest_err(&rpath, format!("cannot open: {e}")))?;
         let actual = rfile.metadata().map(|m| m.len()).unwrap_or(0);
         if actual != manifest.resident.file_len {
             return Err(manifest_err(
@@ -128,12 +117,7 @@ impl Vault {
                 });
             }
         }
-        Ok(Vault {
-            dir,
-            manifest,
-            resident,
-            layer_slot,
-        })
+        Ok(Vault { dir, manifest, resident, layer_slot })
     }
 
     /// The vault directory.
@@ -165,53 +149,27 @@ impl Vault {
         if t.shape != shape {
             return Err(manifest_err(
                 &mpath,
-                format!(
-                    "resident tensor `{name}` has shape {:?}, the model needs {shape:?}",
-                    t.shape
-                ),
+                format!("resident tensor `{name}` has shape {:?}, the model needs {shape:?}", t.shape),
             ));
         }
         let (rows, cols) = match shape {
             [n] => (1, *n),
             [r, c] => (*r, *c),
-            _ => {
-                return Err(manifest_err(
-                    &mpath,
-                    format!("tensor `{name}` is not 1-D or 2-D"),
-                ))
-            }
+            _ => return Err(manifest_err(&mpath, format!("tensor `{name}` is not 1-D or 2-D"))),
         };
-        Ok(TensorRef {
-            offset: t.offset as usize,
-            dtype: t.dtype,
-            rows,
-            cols,
-        })
+        Ok(TensorRef { offset: t.offset as usize, dtype: t.dtype, rows, cols })
     }
 
     /// A view of a resolved resident tensor.
     pub fn view(&self, r: &TensorRef) -> WeightView<'_> {
         let len = r.rows * r.cols * r.dtype.size();
-        WeightView::from_bytes(
-            r.dtype,
-            &self.resident[r.offset..r.offset + len],
-            r.rows,
-            r.cols,
-        )
+        WeightView::from_bytes(r.dtype, &self.resident[r.offset..r.offset + len], r.rows, r.cols)
     }
 
     /// Where the blob of `key` is stored.
     pub fn blob(&self, key: ExpertKey) -> Result<BlobLocation, VaultError> {
-        let none = || VaultError::NoSuchExpert {
-            layer: key.layer,
-            expert: key.expert,
-        };
-        let li = self
-            .layer_slot
-            .get(key.layer as usize)
-            .copied()
-            .flatten()
-            .ok_or_else(none)?;
+        let none = || VaultError::NoSuchExpert { layer: key.layer, expert: key.expert };
+        let li = self.layer_slot.get(key.layer as usize).copied().flatten().ok_or_else(none)?;
         let layer = &self.manifest.experts.layers[li];
         let entry = layer.blobs.get(key.expert as usize).ok_or_else(none)?;
         let layout = &self.manifest.experts.layout;
@@ -226,40 +184,24 @@ impl Vault {
 
     /// Total bytes of all expert blobs (payload, not padding).
     pub fn expert_bytes(&self) -> u64 {
-        let n: usize = self
-            .manifest
-            .experts
-            .layers
-            .iter()
-            .map(|l| l.blobs.len())
-            .sum();
+        let n: usize = self.manifest.experts.layers.iter().map(|l| l.blobs.len()).sum();
         n as u64 * self.manifest.experts.layout.blob_len
     }
 }
 
 /// Checks the expert index against the model and the layer files' sizes; returns the
 /// decoder-layer → index map.
-fn check_expert_index(
-    mpath: &Path,
-    dir: &Path,
-    m: &Manifest,
-) -> Result<Vec<Option<usize>>, VaultError> {
+fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Option<usize>>, VaultError> {
     let cfg = &m.model;
     let layout = &m.experts.layout;
     if cfg.num_experts > 0 {
         let want = ExpertLayout::new(layout.dtype, cfg.hidden_size, cfg.moe_intermediate_size);
         if *layout != want {
-            return Err(manifest_err(
-                mpath,
-                "expert layout does not match the model's expert shape",
-            ));
+            return Err(manifest_err(mpath, "expert layout does not match the model's expert shape"));
         }
     }
     if layout.blob_stride != align_up(layout.blob_len, BLOB_ALIGN) {
-        return Err(manifest_err(
-            mpath,
-            "expert blob stride is not the 16 KiB-aligned blob length",
-        ));
+        return Err(manifest_err(mpath, "expert blob stride is not the 16 KiB-aligned blob length"));
     }
     let moe = cfg.moe_layers();
     let listed: Vec<usize> = m.experts.layers.iter().map(|l| l.layer).collect();

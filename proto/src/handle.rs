@@ -8,7 +8,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use crate::VaultError;
+use crate::{ClaimInfo, VaultError};
 
 /// Identity of one routed expert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -22,10 +22,7 @@ pub struct ExpertKey {
 impl ExpertKey {
     /// Builds a key from layer and expert indices.
     pub fn new(layer: usize, expert: usize) -> Self {
-        ExpertKey {
-            layer: layer as u16,
-            expert: expert as u16,
-        }
+        ExpertKey { layer: layer as u16, expert: expert as u16 }
     }
 }
 
@@ -50,18 +47,25 @@ pub struct ExpertHandle {
     slot: u32,
     key: ExpertKey,
     len: usize,
+    info: ClaimInfo,
 }
 
 impl ExpertHandle {
     /// Wraps a reference the owner has already counted for `slot`; the handle releases
     /// it on drop. `len` is the blob's payload length.
     pub fn new(owner: Arc<dyn SlotOwner>, slot: u32, key: ExpertKey, len: usize) -> Self {
-        ExpertHandle {
-            owner,
-            slot,
-            key,
-            len,
-        }
+        ExpertHandle { owner, slot, key, len, info: ClaimInfo::default() }
+    }
+
+    /// Records how the claim that produced this handle was satisfied.
+    pub fn with_info(mut self, info: ClaimInfo) -> Self {
+        self.info = info;
+        self
+    }
+
+    /// How the claim that produced this handle was satisfied.
+    pub fn info(&self) -> ClaimInfo {
+        self.info
     }
 
     /// The expert this handle refers to.
@@ -104,5 +108,14 @@ pub trait ExpertSource: Send + Sync {
     /// Announces that `key` will be claimed soon (its demand is already known), so a
     /// source that reads asynchronously can start now. Never changes what `claim`
     /// returns; sources that read synchronously ignore it.
-    fn announce(&self, _key: ExpertKey) {}
+    /// Returns true when the source took a reference for the coming claim (the claim
+    /// then consumes it); false when it could not (no slot free), in which case the
+    /// caller should stop announcing until it has claimed what it announced.
+    fn announce(&self, _key: ExpertKey) -> bool {
+        false
+    }
+
+    /// Gives back the reference of an announced expert that will not be claimed (for
+    /// example when the computation failed part-way).
+    fn withdraw(&self, _key: ExpertKey) {}
 }

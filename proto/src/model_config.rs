@@ -60,9 +60,7 @@ impl ModelConfig {
 
     /// Indices of the MoE layers, in order.
     pub fn moe_layers(&self) -> Vec<usize> {
-        (0..self.num_hidden_layers)
-            .filter(|&l| self.is_moe_layer(l))
-            .collect()
+        (0..self.num_hidden_layers).filter(|&l| self.is_moe_layer(l)).collect()
     }
 
     /// Rows of the fused query projection.
@@ -98,10 +96,7 @@ impl ModelConfig {
             ));
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(format!(
-                "`head_dim` ({}) must be even for RoPE",
-                self.head_dim
-            ));
+            return Err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
         }
         if self.num_experts > 0 {
             if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
@@ -117,8 +112,7 @@ impl ModelConfig {
                 return Err("`num_experts` and `num_hidden_layers` must fit in 16 bits".into());
             }
         }
-        if (0..self.num_hidden_layers).any(|l| !self.is_moe_layer(l)) && self.intermediate_size == 0
-        {
+        if (0..self.num_hidden_layers).any(|l| !self.is_moe_layer(l)) && self.intermediate_size == 0 {
             return Err("`intermediate_size` must be positive when dense layers exist".into());
         }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 {

@@ -169,29 +169,10 @@ impl ExpertLayout {
     pub fn new(dtype: DType, hidden: usize, inter: usize) -> Self {
         let part = (hidden * inter * dtype.size()) as u64;
         let step = align_up(part, 64);
-        let gate = PartLayout {
-            offset: 0,
-            rows: inter,
-            cols: hidden,
-        };
-        let up = PartLayout {
-            offset: step,
-            rows: inter,
-            cols: hidden,
-        };
-        let down = PartLayout {
-            offset: 2 * step,
-            rows: hidden,
-            cols: inter,
-        };
+        let gate = PartLayout { offset: 0, rows: inter, cols: hidden };
+        let up = PartLayout { offset: step, rows: inter, cols: hidden };
+        let down = PartLayout { offset: 2 * step, rows: hidden, cols: inter };
         let blob_len = 2 * step + part;
-        ExpertLayout {
-            dtype,
-            gate,
-            up,
-            down,
-            blob_len,
-            blob_stride: align_up(blob_len, BLOB_ALIGN),
-        }
+        ExpertLayout { dtype, gate, up, down, blob_len, blob_stride: align_up(blob_len, BLOB_ALIGN) }
     }
 }

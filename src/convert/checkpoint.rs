@@ -55,25 +55,13 @@ impl Checkpoint {
                 .with_context(|| format!("cannot read {}", index.display()))?;
             let json: serde_json::Value = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not valid JSON", index.display()))?;
-            let map = json
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .with_context(|| {
-                    format!(
-                        "{}: field `weight_map` is missing or not an object",
-                        index.display()
-                    )
-                })?;
-            let mut files: Vec<PathBuf> = map
-                .values()
-                .map(|v| v.as_str().map(|s| dir.join(s)))
-                .collect::<Option<_>>()
-                .with_context(|| {
-                    format!(
-                        "{}: `weight_map` values must be file names",
-                        index.display()
-                    )
-                })?;
+            let map = json.get("weight_map").and_then(|m| m.as_object()).with_context(|| {
+                format!("{}: field `weight_map` is missing or not an object", index.display())
+            })?;
+            let mut files: Vec<PathBuf> =
+                map.values().map(|v| v.as_str().map(|s| dir.join(s))).collect::<Option<_>>().with_context(
+                    || format!("{}: `weight_map` values must be file names", index.display()),
+                )?;
             files.sort();
             files.dedup();
             files
@@ -93,11 +81,10 @@ impl Checkpoint {
         let mut maps = Vec::with_capacity(shards.len());
         let mut tensors = BTreeMap::new();
         for (si, path) in shards.iter().enumerate() {
-            let file =
-                File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
             // SAFETY: the checkpoint is read-only input; it must not change during conversion.
-            let map = unsafe { Mmap::map(&file) }
-                .with_context(|| format!("cannot map {}", path.display()))?;
+            let map =
+                unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
             let (header_len, meta) = SafeTensors::read_metadata(&map)
                 .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
             let base = 8 + header_len;
@@ -125,20 +112,13 @@ impl Checkpoint {
             }
             maps.push(map);
         }
-        Ok(Checkpoint {
-            shards,
-            maps,
-            tensors,
-        })
+        Ok(Checkpoint { shards, maps, tensors })
     }
 
     /// Looks up `name`, checking that its shape is `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<(&TensorInfo, &[u8])> {
         let info = self.tensors.get(name).with_context(|| {
-            format!(
-                "tensor `{name}` is missing from the checkpoint ({} shard(s))",
-                self.shards.len()
-            )
+            format!("tensor `{name}` is missing from the checkpoint ({} shard(s))", self.shards.len())
         })?;
         if info.shape != shape {
             bail!(

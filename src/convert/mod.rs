@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use smoe_proto::{
-    align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig,
-    ResidentIndex, TensorEntry, FORMAT_VERSION, MANIFEST_FILE,
+    align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig, ResidentIndex,
+    TensorEntry, FORMAT_VERSION, MANIFEST_FILE,
 };
 
 use checkpoint::{Checkpoint, SrcDtype};
@@ -41,9 +41,7 @@ const STREAM_ELEMS: usize = 1 << 20;
 fn convert_elems(src: &[u8], from: SrcDtype, to: DType, out: &mut Vec<u8>) {
     let f32_at = |i: usize| -> f32 {
         match from {
-            SrcDtype::F32 => {
-                f32::from_le_bytes(src[4 * i..4 * i + 4].try_into().unwrap_or_default())
-            }
+            SrcDtype::F32 => f32::from_le_bytes(src[4 * i..4 * i + 4].try_into().unwrap_or_default()),
             SrcDtype::Bf16 => half::bf16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32(),
             SrcDtype::F16 => half::f16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32(),
         }
@@ -52,8 +50,9 @@ fn convert_elems(src: &[u8], from: SrcDtype, to: DType, out: &mut Vec<u8>) {
     match (from, to) {
         (SrcDtype::F32, DType::F32) | (SrcDtype::Bf16, DType::Bf16) => out.extend_from_slice(src),
         (_, DType::F32) => (0..n).for_each(|i| out.extend_from_slice(&f32_at(i).to_le_bytes())),
-        (_, DType::Bf16) => (0..n)
-            .for_each(|i| out.extend_from_slice(&half::bf16::from_f32(f32_at(i)).to_le_bytes())),
+        (_, DType::Bf16) => {
+            (0..n).for_each(|i| out.extend_from_slice(&half::bf16::from_f32(f32_at(i)).to_le_bytes()))
+        }
     }
 }
 
@@ -67,17 +66,11 @@ struct Sink {
 impl Sink {
     fn create(path: PathBuf) -> Result<Sink> {
         let f = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
-        Ok(Sink {
-            w: BufWriter::with_capacity(1 << 22, f),
-            path,
-            pos: 0,
-        })
+        Ok(Sink { w: BufWriter::with_capacity(1 << 22, f), path, pos: 0 })
     }
 
     fn write(&mut self, b: &[u8]) -> Result<()> {
-        self.w
-            .write_all(b)
-            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        self.w.write_all(b).with_context(|| format!("cannot write {}", self.path.display()))?;
         self.pos += b.len() as u64;
         Ok(())
     }
@@ -88,9 +81,7 @@ impl Sink {
     }
 
     fn finish(mut self) -> Result<u64> {
-        self.w
-            .flush()
-            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        self.w.flush().with_context(|| format!("cannot write {}", self.path.display()))?;
         Ok(self.pos)
     }
 }
@@ -141,11 +132,7 @@ impl Converter<'_> {
     ) -> Result<()> {
         sink.pad_to(64)?;
         let offset = sink.pos;
-        let to = if shape.len() == 1 {
-            DType::F32
-        } else {
-            self.dtype
-        };
+        let to = if shape.len() == 1 { DType::F32 } else { self.dtype };
         let crc32c = self.stream(name, shape, to, sink)?;
         index.push(TensorEntry {
             name: name.to_string(),
@@ -162,22 +149,13 @@ impl Converter<'_> {
 /// Names and shapes of every resident tensor the model needs, in file order.
 fn resident_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-    let mut v = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, h],
-    )];
+    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         v.push((format!("{p}.input_layernorm.weight"), vec![h]));
         v.push((format!("{p}.self_attn.q_proj.weight"), vec![cfg.q_dim(), h]));
-        v.push((
-            format!("{p}.self_attn.k_proj.weight"),
-            vec![cfg.kv_dim(), h],
-        ));
-        v.push((
-            format!("{p}.self_attn.v_proj.weight"),
-            vec![cfg.kv_dim(), h],
-        ));
+        v.push((format!("{p}.self_attn.k_proj.weight"), vec![cfg.kv_dim(), h]));
+        v.push((format!("{p}.self_attn.v_proj.weight"), vec![cfg.kv_dim(), h]));
         v.push((format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_dim()]));
         v.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
         v.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
@@ -210,11 +188,8 @@ pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
     let dtype = match opts.dtype {
         Some(d) => d,
         None => {
-            let all_bf16 = ckpt
-                .tensors
-                .values()
-                .filter(|t| t.shape.len() == 2)
-                .all(|t| t.dtype == SrcDtype::Bf16);
+            let all_bf16 =
+                ckpt.tensors.values().filter(|t| t.shape.len() == 2).all(|t| t.dtype == SrcDtype::Bf16);
             if all_bf16 {
                 DType::Bf16
             } else {
@@ -223,24 +198,13 @@ pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
         }
     };
     prepare_out_dir(&opts.out, opts.force)?;
-    let total: u64 = ckpt
-        .tensors
-        .values()
-        .map(|t| (t.end - t.start) as u64)
-        .sum();
+    let total: u64 = ckpt.tensors.values().map(|t| (t.end - t.start) as u64).sum();
     let bar = ProgressBar::new(total).with_message("converting");
     bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut conv = Converter {
-        ckpt: &ckpt,
-        dtype,
-        bar,
-        buf: Vec::with_capacity(STREAM_ELEMS * 4),
-    };
+    let mut conv = Converter { ckpt: &ckpt, dtype, bar, buf: Vec::with_capacity(STREAM_ELEMS * 4) };
 
     let mut sink = Sink::create(opts.out.join(RESIDENT_FILE))?;
     let mut tensors = Vec::new();
@@ -248,11 +212,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
         conv.resident(&name, &shape, &mut sink, &mut tensors)?;
     }
     sink.pad_to(64)?;
-    let resident = ResidentIndex {
-        file: RESIDENT_FILE.into(),
-        file_len: sink.finish()?,
-        tensors,
-    };
+    let resident = ResidentIndex { file: RESIDENT_FILE.into(), file_len: sink.finish()?, tensors };
 
     let layout = ExpertLayout::new(dtype, cfg.hidden_size, cfg.moe_intermediate_size);
     let mut layers = Vec::new();
@@ -286,17 +246,9 @@ pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
             }
             debug_assert_eq!(sink.pos - offset, layout.blob_len);
             sink.pad_to(smoe_proto::BLOB_ALIGN)?;
-            blobs.push(BlobEntry {
-                offset,
-                crc32c: crc,
-            });
+            blobs.push(BlobEntry { offset, crc32c: crc });
         }
-        layers.push(LayerBlobs {
-            layer: l,
-            file,
-            file_len: sink.finish()?,
-            blobs,
-        });
+        layers.push(LayerBlobs { layer: l, file, file_len: sink.finish()?, blobs });
     }
     conv.bar.finish_and_clear();
 
@@ -333,13 +285,9 @@ pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
 pub fn prepare_out_dir(out: &Path, force: bool) -> Result<()> {
     if out.join(MANIFEST_FILE).exists() {
         if !force {
-            bail!(
-                "{} already holds a vault; pass --force to overwrite it",
-                out.display()
-            );
+            bail!("{} already holds a vault; pass --force to overwrite it", out.display());
         }
         std::fs::remove_file(out.join(MANIFEST_FILE))?;
     }
-    std::fs::create_dir_all(out.join("experts"))
-        .with_context(|| format!("cannot create {}", out.display()))
+    std::fs::create_dir_all(out.join("experts")).with_context(|| format!("cannot create {}", out.display()))
 }

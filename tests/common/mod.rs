@@ -12,9 +12,7 @@ pub const FIXTURES: &[&str] = &["moe_all", "dense0_gqa", "bf16_sharded"];
 
 /// Path of a fixture checkpoint directory.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 /// Runs the `smoe-pipeline` binary with `args`.
@@ -29,11 +27,7 @@ pub fn run(args: &[&str]) -> Output {
 /// Runs the binary and asserts success; returns stdout.
 pub fn run_ok(args: &[&str]) -> String {
     let out = run(args);
-    assert!(
-        out.status.success(),
-        "smoe-pipeline {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "smoe-pipeline {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("utf-8 stdout")
 }
 
@@ -56,13 +50,7 @@ pub fn run_err(args: &[&str]) -> String {
 pub fn convert(name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
     let out = dir.join(format!("{name}.vault"));
     let hf = fixture(name);
-    let mut args = vec![
-        "convert",
-        "--hf",
-        hf.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
+    let mut args = vec!["convert", "--hf", hf.to_str().unwrap(), "--out", out.to_str().unwrap()];
     args.extend_from_slice(extra);
     run_ok(&args);
     out
@@ -71,20 +59,13 @@ pub fn convert(name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
 /// The golden cases of a fixture: (prompt ids, greedy ids).
 pub fn golden_cases(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
     let g: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("golden.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("golden.json")).unwrap()).unwrap();
     g["cases"]
         .as_array()
         .unwrap()
         .iter()
         .map(|c| {
-            let ids = |k: &str| {
-                c[k].as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap() as u32)
-                    .collect()
-            };
+            let ids = |k: &str| c[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
             (ids("prompt_ids"), ids("greedy_ids"))
         })
         .collect()
@@ -95,31 +76,18 @@ pub fn read_f32(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
     let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor(name).unwrap();
-    let data = t
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
+    let data = t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
     (t.shape().to_vec(), data)
 }
 
 /// Comma-separated ids.
 pub fn ids_arg(ids: &[u32]) -> String {
-    ids.iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// Runs `generate --json` on `vault` with `prompt` for `n` tokens (EOS ignored),
 /// writing logits to `logits`; returns the parsed JSON.
-pub fn generate_json(
-    vault: &Path,
-    prompt: &[u32],
-    n: usize,
-    logits: &Path,
-    extra: &[&str],
-) -> Value {
+pub fn generate_json(vault: &Path, prompt: &[u32], n: usize, logits: &Path, extra: &[&str]) -> Value {
     let p = ids_arg(prompt);
     let n = n.to_string();
     let mut args = vec![
@@ -141,9 +109,5 @@ pub fn generate_json(
 
 /// Token ids of a JSON array field.
 pub fn id_list(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }

@@ -1,0 +1,95 @@
+//! Assembling an engine from a vault: the validated vault, the resident model, and the
+//! ring cache (with its streamer) that every forward pass takes experts from.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use smoe_proto::VaultError;
+
+use crate::forward::Forward;
+use crate::model::Model;
+use crate::ring::memory::SlotAllocator;
+use crate::ring::{RingCache, RingError, RingOptions};
+use crate::streamer::StreamerOptions;
+use crate::vault::Vault;
+
+/// How big the ring is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingSize {
+    /// A number of slots.
+    Slots(usize),
+    /// A byte budget, divided by the blob stride.
+    Bytes(u64),
+}
+
+/// Default ring budget when none is configured.
+pub const DEFAULT_RING_BYTES: u64 = 4 << 30;
+
+/// Settings of an engine.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Longest sequence a session may hold.
+    pub max_context: usize,
+    /// Ring size.
+    pub ring: RingSize,
+    /// Streamer settings.
+    pub streamer: StreamerOptions,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            max_context: 8192,
+            ring: RingSize::Bytes(DEFAULT_RING_BYTES),
+            streamer: StreamerOptions::default(),
+        }
+    }
+}
+
+/// Why an engine could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The vault is unreadable or inconsistent.
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    /// The ring or streamer could not start.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+}
+
+/// A loaded model with its ring cache.
+pub struct Engine {
+    /// The vault.
+    pub vault: Arc<Vault>,
+    /// Resident weights.
+    pub model: Arc<Model>,
+    /// The ring cache all forward passes share.
+    pub ring: Arc<RingCache>,
+}
+
+impl Engine {
+    /// Opens the vault in `dir` and starts the ring with slot memory from `allocator`.
+    pub fn open(
+        dir: &Path,
+        opts: &EngineOptions,
+        allocator: &dyn SlotAllocator,
+    ) -> Result<Engine, EngineError> {
+        let vault = Arc::new(Vault::open(dir)?);
+        let model = Arc::new(Model::load(vault.clone(), opts.max_context)?);
+        let slots = match opts.ring {
+            RingSize::Slots(n) => n,
+            RingSize::Bytes(b) => (b / vault.expert_layout().blob_stride.max(1)) as usize,
+        };
+        let ring = Arc::new(RingCache::new(
+            vault.clone(),
+            allocator,
+            &RingOptions { slots, streamer: opts.streamer.clone() },
+        )?);
+        Ok(Engine { vault, model, ring })
+    }
+
+    /// A forward pass over this engine for blocks of up to `max_rows` tokens.
+    pub fn forward(&self, max_rows: usize) -> Forward {
+        Forward::new(self.model.clone(), self.ring.clone(), max_rows)
+    }
+}

@@ -1,0 +1,78 @@
+//! Slot memory: one allocation holding every ring slot, supplied by the compute
+//! backend so that slots live where the backend can read them without a copy (plain
+//! aligned memory for the CPU backend; host-visible buffers for a GPU backend).
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+
+/// Alignment of every slot (O_DIRECT needs at least the logical block size).
+pub const SLOT_ALIGN: usize = smoe_proto::BLOB_ALIGN as usize;
+
+/// A contiguous block of `n_slots × slot_bytes` bytes, each slot [`SLOT_ALIGN`]-aligned.
+///
+/// # Safety
+/// `base()` must stay valid and fixed for the arena's lifetime, and the block must be
+/// at least `n_slots() * slot_bytes()` bytes.
+pub unsafe trait SlotArena: Send + Sync {
+    /// Start of slot 0.
+    fn base(&self) -> *mut u8;
+    /// Size of one slot (a multiple of [`SLOT_ALIGN`]).
+    fn slot_bytes(&self) -> usize;
+    /// Number of slots.
+    fn n_slots(&self) -> usize;
+}
+
+/// Makes slot arenas; each backend supplies its own.
+pub trait SlotAllocator: Send + Sync {
+    /// Allocates `n_slots` slots of `slot_bytes` bytes each.
+    fn allocate(&self, n_slots: usize, slot_bytes: usize) -> std::io::Result<Box<dyn SlotArena>>;
+}
+
+/// Plain page-aligned host memory for the CPU backend.
+pub struct HostAllocator;
+
+struct HostArena {
+    ptr: *mut u8,
+    layout: Layout,
+    slot_bytes: usize,
+    n_slots: usize,
+}
+
+// SAFETY: the arena is a plain heap block; slot access is coordinated by the ring's
+// reference counts and states.
+unsafe impl Send for HostArena {}
+unsafe impl Sync for HostArena {}
+
+// SAFETY: `ptr` is a live allocation of `layout.size() >= n_slots * slot_bytes` bytes
+// until drop.
+unsafe impl SlotArena for HostArena {
+    fn base(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+    fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+}
+
+impl Drop for HostArena {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `HostAllocator::allocate` with this layout.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+impl SlotAllocator for HostAllocator {
+    fn allocate(&self, n_slots: usize, slot_bytes: usize) -> std::io::Result<Box<dyn SlotArena>> {
+        let oom = || std::io::Error::new(std::io::ErrorKind::OutOfMemory, "cannot allocate the ring's slots");
+        let size = n_slots.checked_mul(slot_bytes).filter(|&s| s > 0).ok_or_else(oom)?;
+        let layout = Layout::from_size_align(size, SLOT_ALIGN).map_err(|_| oom())?;
+        // SAFETY: size is non-zero.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(oom());
+        }
+        Ok(Box::new(HostArena { ptr, layout, slot_bytes, n_slots }))
+    }
+}

@@ -1,0 +1,483 @@
+//! The ring cache: a fixed set of aligned slots, allocated once, that hold expert blobs
+//! read by the streamer and retained until LRU eviction.
+//!
+//! * Claims that find their expert resident take a reference without any lock: a
+//!   (layer, expert) → slot table of atomics, then a compare-exchange on the slot's
+//!   reference count, then a check that the slot still has that identity.
+//! * Misses take the allocation lock (only misses do), pick an EMPTY slot or else the
+//!   least recently used idle slot (reference count 0, READY or CONSUMED), give it the
+//!   new identity and a fresh LRU tick, and send a demand read to the streamer.
+//! * Waiting for a read: the claiming thread blocks on a condition variable that the
+//!   streamer signals whenever a read completes (no spinning; the wait costs no CPU).
+//! * Nothing ever wipes the ring: expert weights are immutable, so a retained slot can
+//!   never be stale, across tokens, requests and sessions.
+
+pub mod memory;
+pub mod slots;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use smoe_proto::{
+    ClaimInfo, ExpertHandle, ExpertKey, ExpertSource, Priority, ReadRequest, SlotOwner, VaultError,
+};
+
+use crate::streamer::{IoMode, LoadSink, Streamer, StreamerError, StreamerOptions};
+use crate::vault::Vault;
+use memory::{SlotAllocator, SlotArena};
+use slots::*;
+
+/// No slot holds this key.
+const NO_SLOT: u32 = u32::MAX;
+
+/// Counters of a ring cache (monotonic since start, except `slots`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RingStats {
+    /// Claims satisfied without a read on their behalf.
+    pub hits: u64,
+    /// Claims that needed a demand read.
+    pub misses: u64,
+    /// Idle slots recycled for another expert.
+    pub evictions: u64,
+    /// Bytes read from disk (demand and speculative).
+    pub bytes_read: u64,
+    /// Blobs read from disk (demand and speculative).
+    pub blob_reads: u64,
+    /// Speculative reads issued.
+    pub bets_issued: u64,
+    /// Speculative reads later claimed.
+    pub bets_used: u64,
+    /// Bytes read speculatively.
+    pub bet_bytes: u64,
+    /// Reads that failed (I/O error, short read, checksum).
+    pub read_errors: u64,
+    /// Slots per state: empty, loading, ready, consumed.
+    pub slots: [u64; 4],
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    bytes_read: AtomicU64,
+    blob_reads: AtomicU64,
+    bets_issued: AtomicU64,
+    bets_used: AtomicU64,
+    bet_bytes: AtomicU64,
+    read_errors: AtomicU64,
+}
+
+/// Ring state shared by claimers and the streamer.
+struct Shared {
+    slots: Vec<Slot>,
+    lookup: Vec<AtomicU32>,
+    n_experts: usize,
+    arena: Box<dyn SlotArena>,
+    blob_len: usize,
+    clock: AtomicU64,
+    alloc: Mutex<()>,
+    done: Mutex<()>,
+    done_cv: Condvar,
+    waiting_for_slot: AtomicU32,
+    c: Counters,
+}
+
+impl Shared {
+    fn index(&self, key: ExpertKey) -> usize {
+        key.layer as usize * self.n_experts + key.expert as usize
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn lock_alloc(&self) -> MutexGuard<'_, ()> {
+        self.alloc.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lock-free: takes a reference to the slot holding `key`, if any.
+    fn try_ref(&self, key: ExpertKey) -> Option<u32> {
+        let idx = self.lookup[self.index(key)].load(Ordering::Acquire);
+        if idx == NO_SLOT {
+            return None;
+        }
+        let slot = &self.slots[idx as usize];
+        if !slot.try_ref() {
+            return None;
+        }
+        if slot.key.load(Ordering::Acquire) != pack(key) || slot.state.load(Ordering::Acquire) == EMPTY {
+            self.release_ref(idx);
+            return None;
+        }
+        Some(idx)
+    }
+
+    fn release_ref(&self, idx: u32) {
+        if self.slots[idx as usize].unref() == 0 && self.waiting_for_slot.load(Ordering::Acquire) > 0 {
+            self.notify();
+        }
+    }
+
+    fn notify(&self) {
+        drop(self.done.lock().unwrap_or_else(|p| p.into_inner()));
+        self.done_cv.notify_all();
+    }
+
+    /// Under the allocation lock: an EMPTY idle slot, else the least recently used idle
+    /// READY/CONSUMED slot, marked RECYCLING. `None` when every slot is referenced or
+    /// loading.
+    fn pick_victim(&self, _guard: &MutexGuard<'_, ()>) -> Option<u32> {
+        loop {
+            let mut best: Option<(u64, u32)> = None;
+            for (i, s) in self.slots.iter().enumerate() {
+                if s.refs.load(Ordering::Acquire) != 0 {
+                    continue;
+                }
+                let st = s.state.load(Ordering::Acquire);
+                let rank = match st {
+                    EMPTY => 0,
+                    READY | CONSUMED => s.tick.load(Ordering::Relaxed).max(1),
+                    _ => continue,
+                };
+                if best.is_none_or(|(r, _)| rank < r) {
+                    best = Some((rank, i as u32));
+                    if rank == 0 {
+                        break;
+                    }
+                }
+            }
+            let (_, i) = best?;
+            if self.slots[i as usize].try_begin_recycle() {
+                return Some(i);
+            }
+        }
+    }
+
+    /// Under the allocation lock, on a slot marked RECYCLING: evicts its old identity,
+    /// gives it `key` in LOADING state with `refs` references and `origin`.
+    fn assign(&self, _guard: &MutexGuard<'_, ()>, idx: u32, key: ExpertKey, refs: u32, origin: u8) {
+        let slot = &self.slots[idx as usize];
+        let old = slot.key.load(Ordering::Acquire);
+        if old != NO_KEY {
+            self.lookup[self.index(unpack(old))].store(NO_SLOT, Ordering::Release);
+        }
+        let evicted = slot.transition(READY, EMPTY) || slot.transition(CONSUMED, EMPTY);
+        if evicted {
+            self.c.evictions.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("smoe_ring_evictions_total").increment(1);
+        }
+        slot.key.store(pack(key), Ordering::Release);
+        slot.origin.store(origin, Ordering::Release);
+        slot.tick.store(self.tick(), Ordering::Relaxed);
+        let ok = slot.transition(EMPTY, LOADING);
+        debug_assert!(ok, "a recycled slot must be EMPTY");
+        self.lookup[self.index(key)].store(idx, Ordering::Release);
+        slot.refs.store(refs, Ordering::Release);
+    }
+
+    /// Blocks until `idx` is no longer LOADING; returns the read's error if it failed.
+    fn wait_loaded(&self, idx: u32) -> Result<(), VaultError> {
+        let slot = &self.slots[idx as usize];
+        if slot.state.load(Ordering::Acquire) == LOADING {
+            let mut g = self.done.lock().unwrap_or_else(|p| p.into_inner());
+            while slot.state.load(Ordering::Acquire) == LOADING {
+                g = self.done_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        if slot.state.load(Ordering::Acquire) == EMPTY {
+            let err = slot.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return Err(err.unwrap_or_else(|| VaultError::Manifest {
+                file: Default::default(),
+                reason: "the read of this expert failed (reported to another claim)".into(),
+            }));
+        }
+        Ok(())
+    }
+}
+
+impl SlotOwner for Shared {
+    fn slot_bytes(&self, slot: u32) -> &[u8] {
+        // SAFETY: the caller holds a reference, so the slot is READY/CONSUMED and no
+        // read writes into it; the arena outlives every handle (handles hold `Shared`).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.arena.base().add(slot as usize * self.arena.slot_bytes()),
+                self.blob_len,
+            )
+        }
+    }
+
+    fn release(&self, slot: u32) {
+        self.release_ref(slot);
+    }
+}
+
+impl LoadSink for Shared {
+    fn slot_ptr(&self, slot: u32) -> *mut u8 {
+        // SAFETY: in bounds of the arena.
+        unsafe { self.arena.base().add(slot as usize * self.arena.slot_bytes()) }
+    }
+
+    fn geometry(&self) -> (usize, usize) {
+        (self.arena.n_slots(), self.arena.slot_bytes())
+    }
+
+    fn complete(&self, req: ReadRequest, result: Result<(), VaultError>, latency: Duration) {
+        let slot = &self.slots[req.slot as usize];
+        metrics::histogram!("smoe_read_latency_seconds").record(latency.as_secs_f64());
+        match result {
+            Ok(()) => {
+                let n = self.blob_len as u64;
+                self.c.bytes_read.fetch_add(n, Ordering::Relaxed);
+                self.c.blob_reads.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("smoe_read_bytes_total").increment(n);
+                metrics::counter!("smoe_blob_reads_total").increment(1);
+                if req.priority == Priority::Speculative && slot.origin.load(Ordering::Acquire) == ORIGIN_BET
+                {
+                    self.c.bet_bytes.fetch_add(n, Ordering::Relaxed);
+                }
+                slot.transition(LOADING, READY);
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                self.c.read_errors.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("smoe_read_errors_total").increment(1);
+                *slot.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                let g = self.lock_alloc();
+                self.lookup[self.index(req.key)].store(NO_SLOT, Ordering::Release);
+                slot.key.store(NO_KEY, Ordering::Release);
+                slot.origin.store(ORIGIN_RETAINED, Ordering::Release);
+                slot.transition(LOADING, EMPTY);
+                drop(g);
+            }
+        }
+        self.notify();
+    }
+}
+
+/// Ring cache settings.
+#[derive(Clone, Debug)]
+pub struct RingOptions {
+    /// Number of slots (clamped to 1..=all experts of the vault).
+    pub slots: usize,
+    /// Streamer settings.
+    pub streamer: StreamerOptions,
+}
+
+/// Why a ring cache could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// The slot memory could not be allocated.
+    #[error("cannot allocate {slots} ring slots of {bytes} bytes: {source}; lower ring_slots / ring_bytes")]
+    Alloc {
+        /// Slots requested.
+        slots: usize,
+        /// Bytes per slot.
+        bytes: usize,
+        /// The allocator's error.
+        source: std::io::Error,
+    },
+    /// The streamer could not start.
+    #[error(transparent)]
+    Streamer(#[from] StreamerError),
+}
+
+/// The ring cache: an [`ExpertSource`] that retains experts in a fixed set of slots
+/// and reads misses through the streamer.
+pub struct RingCache {
+    // Field order matters: the streamer (which writes into slot memory) stops first.
+    streamer: Streamer,
+    shared: Arc<Shared>,
+}
+
+impl RingCache {
+    /// Allocates the slots with `allocator` and starts the streamer over `vault`.
+    pub fn new(
+        vault: Arc<Vault>,
+        allocator: &dyn SlotAllocator,
+        opts: &RingOptions,
+    ) -> Result<RingCache, RingError> {
+        let cfg = &vault.manifest().model;
+        let layout = *vault.expert_layout();
+        let total = vault.manifest().experts.layers.len() * cfg.num_experts;
+        let n = opts.slots.clamp(1, total.max(1));
+        let bytes = layout.blob_stride as usize;
+        let arena =
+            allocator.allocate(n, bytes).map_err(|source| RingError::Alloc { slots: n, bytes, source })?;
+        let shared = Arc::new(Shared {
+            slots: (0..n).map(|_| Slot::new()).collect(),
+            lookup: (0..cfg.num_hidden_layers * cfg.num_experts).map(|_| AtomicU32::new(NO_SLOT)).collect(),
+            n_experts: cfg.num_experts,
+            arena,
+            blob_len: layout.blob_len as usize,
+            clock: AtomicU64::new(0),
+            alloc: Mutex::new(()),
+            done: Mutex::new(()),
+            done_cv: Condvar::new(),
+            waiting_for_slot: AtomicU32::new(0),
+            c: Counters::default(),
+        });
+        let streamer = Streamer::start(vault, shared.clone(), &opts.streamer)?;
+        tracing::info!("ring: {n} slots × {bytes} bytes, I/O via {}", streamer.mode().name());
+        Ok(RingCache { streamer, shared })
+    }
+
+    /// Number of slots.
+    pub fn n_slots(&self) -> usize {
+        self.shared.slots.len()
+    }
+
+    /// The I/O path in use.
+    pub fn io_mode(&self) -> IoMode {
+        self.streamer.mode()
+    }
+
+    /// A snapshot of the counters and slot states; also publishes the slot-state gauges.
+    pub fn stats(&self) -> RingStats {
+        let c = &self.shared.c;
+        let mut slots = [0u64; 4];
+        for s in &self.shared.slots {
+            slots[s.state.load(Ordering::Relaxed) as usize] += 1;
+        }
+        for (i, name) in STATE_NAMES.iter().enumerate() {
+            metrics::gauge!("smoe_ring_slots", "state" => *name).set(slots[i] as f64);
+        }
+        let (d, s) = self.streamer.queue_depths();
+        metrics::gauge!("smoe_io_queue_depth", "queue" => "demand").set(d as f64);
+        metrics::gauge!("smoe_io_queue_depth", "queue" => "speculative").set(s as f64);
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RingStats {
+            hits: r(&c.hits),
+            misses: r(&c.misses),
+            evictions: r(&c.evictions),
+            bytes_read: r(&c.bytes_read),
+            blob_reads: r(&c.blob_reads),
+            bets_issued: r(&c.bets_issued),
+            bets_used: r(&c.bets_used),
+            bet_bytes: r(&c.bet_bytes),
+            read_errors: r(&c.read_errors),
+            slots,
+        }
+    }
+
+    /// Queues a low-priority read of `key` as a bet on the next token. Never evicts a
+    /// referenced or loading slot and never reads an expert that is already present or
+    /// on its way; returns whether a read was issued.
+    pub fn prefetch(&self, key: ExpertKey) -> bool {
+        let sh = &self.shared;
+        if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
+            return false;
+        }
+        let g = sh.lock_alloc();
+        if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
+            return false;
+        }
+        let Some(idx) = sh.pick_victim(&g) else { return false };
+        sh.assign(&g, idx, key, 0, ORIGIN_BET);
+        drop(g);
+        sh.c.bets_issued.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("smoe_spec_bets_total").increment(1);
+        self.streamer.submit(ReadRequest { slot: idx, key, priority: Priority::Speculative });
+        true
+    }
+
+    /// Finds or starts loading `key`, returning a slot with one reference taken for the
+    /// caller; `None` if every slot is referenced or loading and `wait` is false.
+    fn acquire(&self, key: ExpertKey, wait: bool) -> Option<u32> {
+        let sh = &self.shared;
+        loop {
+            if let Some(idx) = sh.try_ref(key) {
+                sh.slots[idx as usize].tick.store(sh.tick(), Ordering::Relaxed);
+                if sh.slots[idx as usize].origin.load(Ordering::Acquire) == ORIGIN_BET {
+                    self.streamer.promote(idx);
+                }
+                return Some(idx);
+            }
+            let g = sh.lock_alloc();
+            if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
+                continue; // raced with another loader: take a reference to its slot
+            }
+            if let Some(idx) = sh.pick_victim(&g) {
+                sh.assign(&g, idx, key, 1, ORIGIN_DEMAND);
+                drop(g);
+                self.streamer.submit(ReadRequest { slot: idx, key, priority: Priority::Demand });
+                return Some(idx);
+            }
+            drop(g);
+            if !wait {
+                return None;
+            }
+            // Every slot is referenced or loading: wait for a release or a completion.
+            sh.waiting_for_slot.fetch_add(1, Ordering::AcqRel);
+            let guard = sh.done.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = sh.done_cv.wait_timeout(guard, Duration::from_millis(5));
+            sh.waiting_for_slot.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl ExpertSource for RingCache {
+    fn claim(&self, key: ExpertKey) -> Result<ExpertHandle, VaultError> {
+        let sh = &self.shared;
+        let idx = match sh.lookup.get(sh.index(key)).map(|l| l.load(Ordering::Acquire)) {
+            None => return Err(VaultError::NoSuchExpert { layer: key.layer, expert: key.expert }),
+            // An announcement already holds a reference for this claim: take it over.
+            Some(i)
+                if i != NO_SLOT
+                    && sh.slots[i as usize].key.load(Ordering::Acquire) == pack(key)
+                    && sh.slots[i as usize].take_pin() =>
+            {
+                i
+            }
+            Some(_) => self.acquire(key, true).expect("waiting acquire returns a slot"),
+        };
+        if let Err(e) = sh.wait_loaded(idx) {
+            sh.release_ref(idx);
+            return Err(e);
+        }
+        let slot = &sh.slots[idx as usize];
+        slot.transition(READY, CONSUMED);
+        let info = match slot.origin.swap(ORIGIN_RETAINED, Ordering::AcqRel) {
+            ORIGIN_DEMAND => ClaimInfo { hit: false, bytes: sh.blob_len as u64, bet_used: false },
+            ORIGIN_BET => ClaimInfo { hit: true, bytes: 0, bet_used: true },
+            _ => ClaimInfo { hit: true, bytes: 0, bet_used: false },
+        };
+        if info.hit {
+            sh.c.hits.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("smoe_ring_hits_total").increment(1);
+        } else {
+            sh.c.misses.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("smoe_ring_misses_total").increment(1);
+        }
+        if info.bet_used {
+            sh.c.bets_used.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("smoe_spec_bets_used_total").increment(1);
+        }
+        let owner: Arc<dyn SlotOwner> = sh.clone();
+        Ok(ExpertHandle::new(owner, idx, key, sh.blob_len).with_info(info))
+    }
+
+    fn announce(&self, key: ExpertKey) -> bool {
+        let sh = &self.shared;
+        if sh.index(key) >= sh.lookup.len() {
+            return false;
+        }
+        match self.acquire(key, false) {
+            Some(idx) => {
+                sh.slots[idx as usize].pins.fetch_add(1, Ordering::AcqRel);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn withdraw(&self, key: ExpertKey) {
+        let sh = &self.shared;
+        let Some(idx) = sh.lookup.get(sh.index(key)).map(|l| l.load(Ordering::Acquire)) else { return };
+        if idx != NO_SLOT && sh.slots[idx as usize].take_pin() {
+            sh.release_ref(idx);
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The streamer's two queues: demand reads are always taken before speculative ones,
+//! and a queued speculative read can be promoted to demand when its expert becomes
+//! needed (it is moved, never read twice).
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex};
+
+use smoe_proto::{Priority, ReadRequest};
+
+#[derive(Default)]
+struct Queues {
+    demand: VecDeque<ReadRequest>,
+    speculative: VecDeque<ReadRequest>,
+    shutdown: bool,
+}
+
+/// A two-level blocking queue of read requests.
+#[derive(Default)]
+pub struct IoQueue {
+    q: Mutex<Queues>,
+    cv: Condvar,
+}
+
+impl IoQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queues> {
+        self.q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a request by its priority.
+    pub fn push(&self, req: ReadRequest) {
+        let mut q = self.lock();
+        match req.priority {
+            Priority::Demand => q.demand.push_back(req),
+            Priority::Speculative => q.speculative.push_back(req),
+        }
+        drop(q);
+        self.cv.notify_one();
+        metrics::gauge!("smoe_io_queue_depth", "queue" => "demand").set(self.depths().0 as f64);
+    }
+
+    /// Moves the queued speculative read into `slot` to the demand queue (if it has not
+    /// been started yet).
+    pub fn promote(&self, slot: u32) {
+        let mut q = self.lock();
+        if let Some(i) = q.speculative.iter().position(|r| r.slot == slot) {
+            let mut req = q.speculative.remove(i).expect("index in range");
+            req.priority = Priority::Demand;
+            q.demand.push_front(req);
+        }
+    }
+
+    fn take(q: &mut Queues) -> Option<ReadRequest> {
+        q.demand.pop_front().or_else(|| q.speculative.pop_front())
+    }
+
+    /// The next request without waiting.
+    pub fn try_pop(&self) -> Option<ReadRequest> {
+        Self::take(&mut self.lock())
+    }
+
+    /// The next request, waiting for one; `None` once shut down.
+    pub fn pop(&self) -> Option<ReadRequest> {
+        let mut q = self.lock();
+        loop {
+            if q.shutdown {
+                return None;
+            }
+            if let Some(r) = Self::take(&mut q) {
+                return Some(r);
+            }
+            q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Wakes every waiting worker and makes `pop` return `None`.
+    pub fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.cv.notify_all();
+    }
+
+    /// Lengths of the demand and speculative queues.
+    pub fn depths(&self) -> (usize, usize) {
+        let q = self.lock();
+        (q.demand.len(), q.speculative.len())
+    }
+}
