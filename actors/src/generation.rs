@@ -60,8 +60,11 @@ impl GenerateStats {
     }
 }
 
-/// Runs `req` on a fresh `kv`. `on_token(id, logits)` is called for every generated
-/// token, with the logits that produced it; returning `false` stops generation.
+/// Runs `req`. `kv` may already hold a prefix of `req.prompt` (prefix reuse: its
+/// positions must be exactly `prompt[..kv.len()]`, and `kv.len() < prompt.len()`); only
+/// the rest of the prompt is prefilled. `on_token(id, logits)` is called for every
+/// generated token, with the logits that produced it; returning `false` stops
+/// generation.
 pub fn generate(
     fwd: &mut Forward,
     kv: &mut KvCache,
@@ -73,16 +76,17 @@ pub fn generate(
     if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
         return Err(ForwardError::TokenOutOfVocab { id, vocab });
     }
-    let needed = kv.len() + req.prompt.len() + req.max_tokens.saturating_sub(1);
+    assert!(kv.len() < req.prompt.len(), "the KV cache must hold a strict prefix of the prompt");
+    let needed = req.prompt.len() + req.max_tokens.saturating_sub(1);
     if needed > fwd.model().max_context {
         return Err(ForwardError::ContextFull { needed, max: fwd.model().max_context });
     }
     let eos = fwd.model().cfg.eos_token_ids.clone();
     let mut sampler = Sampler::new(req.sampling.clone(), vocab);
     let mut history = req.prompt.clone();
-    let mut stats = GenerateStats { prefill_tokens: req.prompt.len(), ..Default::default() };
+    let mut stats = GenerateStats { prefill_tokens: req.prompt.len() - kv.len(), ..Default::default() };
     let (last, body) = req.prompt.split_last().expect("non-empty prompt");
-    for &t in body {
+    for &t in &body[kv.len()..] {
         fwd.forward(kv, &[t], false)?;
     }
     let mut next = *last;
