@@ -21,6 +21,16 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Generate text from a vault.
     Generate(GenerateArgs),
+    /// List the Vulkan devices (index for --device, memory heaps, key limits).
+    Devices(DevicesArgs),
+}
+
+/// Arguments of `devices`.
+#[derive(Args, Debug)]
+pub struct DevicesArgs {
+    /// Print one JSON array instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `convert`.

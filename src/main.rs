@@ -2,6 +2,7 @@
 
 mod cli;
 mod convert;
+mod devices;
 mod generate;
 mod tokenizer;
 
@@ -27,6 +28,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(a) => generate::run(&a),
+        Command::Devices(a) => devices::run(&a),
     }
 }
 

@@ -14,3 +14,5 @@ pub mod sampler;
 pub mod streamer;
 pub mod tensor;
 pub mod vault;
+#[cfg(feature = "vulkan")]
+pub mod vulkan;
