@@ -145,13 +145,14 @@ impl DeviceWeight {
             WeightData::F32(d) => (DType::F32, bytemuck::cast_slice(d)),
             WeightData::Bf16(d) => (DType::Bf16, bytemuck::cast_slice(d)),
         };
-        let buf = device_buffer::<u8>(ctx, bytes.len() as u64, BufferUsage::STORAGE_BUFFER)?;
+        // Padded so that every bound range can be a whole number of 32-bit words.
+        let buf = device_buffer::<u8>(ctx, (bytes.len() as u64 + 4).next_multiple_of(16), BufferUsage::STORAGE_BUFFER)?;
         upload(ctx, &buf, bytes)?;
         DeviceWeight::from_buffer(ctx, dtype, w.rows, w.cols, buf)
     }
 
-    /// Describes `buf` (holding `rows × cols` elements of `dtype` from its start) in
-    /// bindable row ranges.
+    /// Describes `buf` (holding `rows × cols` elements of `dtype` from its start, padded
+    /// to a multiple of 4 bytes) in bindable row ranges.
     pub fn from_buffer(
         ctx: &VulkanContext,
         dtype: DType,
@@ -173,7 +174,8 @@ impl DeviceWeight {
         while row0 < rows {
             let n = per.min(rows - row0);
             let (a, b) = (row0 as u64 * row_bytes, (row0 + n) as u64 * row_bytes);
-            ranges.push(WeightRange { row0, rows: n, bytes: buf.clone().slice(a..b.max(a + 4)) });
+            let end = b.next_multiple_of(4).min(buf.len());
+            ranges.push(WeightRange { row0, rows: n, bytes: buf.clone().slice(a..end) });
             row0 += n;
         }
         Ok(DeviceWeight { dtype, rows, cols, ranges })

@@ -63,8 +63,9 @@ impl KernelHarness {
             crate::tensor::WeightData::Bf16(d) => (DType::Bf16, bytemuck::cast_slice(d)),
         };
         let buf = if host_visible {
-            let b = host_buffer::<u8>(&self.ctx, bytes.len() as u64, BufferUsage::STORAGE_BUFFER)?;
-            b.write().map_err(verr("writing weights"))?.copy_from_slice(bytes);
+            let padded = (bytes.len() as u64 + 4).next_multiple_of(16);
+            let b = host_buffer::<u8>(&self.ctx, padded, BufferUsage::STORAGE_BUFFER)?;
+            b.write().map_err(verr("writing weights"))?[..bytes.len()].copy_from_slice(bytes);
             b
         } else {
             let d = DeviceWeight::upload(&self.ctx, w)?;

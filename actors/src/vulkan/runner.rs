@@ -333,9 +333,9 @@ impl Runner {
             .then_execute(self.ctx.compute.clone(), cb)
             .map_err(&e)?
             .then_signal_fence_and_flush()
-            .map_err(&e)?
+            .map_err(verr("submitting a layer step"))?
             .wait(None)
-            .map_err(&e)?;
+            .map_err(verr("waiting for a layer step"))?;
         Ok(())
     }
 
