@@ -16,7 +16,8 @@ fn main() {
     let list = std::fs::read_to_string(root.join("shaders.txt")).expect("shaders/shaders.txt is readable");
     let glslc = std::env::var("GLSLC").unwrap_or_else(|_| "glslc".into());
     let have_glslc = Command::new(&glslc).arg("--version").output().is_ok_and(|o| o.status.success());
-    let mut table = String::from("/// SPIR-V of every kernel: (name, bytes).\npub static SPIRV: &[(&str, &[u8])] = &[\n");
+    let mut table =
+        String::from("/// SPIR-V of every kernel: (name, bytes).\npub static SPIRV: &[(&str, &[u8])] = &[\n");
     for line in list.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
         let mut parts = line.split_whitespace();
         let name = parts.next().expect("name");

@@ -38,5 +38,7 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
 /// Runs `devices` in a build without the Vulkan backend.
 #[cfg(not(feature = "vulkan"))]
 pub fn run(_args: &DevicesArgs) -> Result<()> {
-    anyhow::bail!("this build has no Vulkan backend (rebuild with the `vulkan` feature), or use --backend cpu")
+    anyhow::bail!(
+        "this build has no Vulkan backend (rebuild with the `vulkan` feature), or use --backend cpu"
+    )
 }

@@ -35,7 +35,12 @@ fn argmax(l: &[f32]) -> u32 {
 
 /// Prefills `prompt[..n-1]` in blocks of `chunk`, then decodes `steps` greedy tokens;
 /// returns the ids and the logits of every decode step.
-fn greedy_vulkan(fwd: &mut VulkanForward, prompt: &[u32], steps: usize, chunk: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+fn greedy_vulkan(
+    fwd: &mut VulkanForward,
+    prompt: &[u32],
+    steps: usize,
+    chunk: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut kv = fwd.new_kv().unwrap();
     let (last, body) = prompt.split_last().unwrap();
     for c in body.chunks(chunk) {
@@ -101,7 +106,10 @@ fn check_fixture(name: &str, convert_args: &[&str]) {
             assert_eq!(cids, ids, "{name} case {i}: chunk {chunk} ids");
             let a: Vec<u32> = rows.iter().flatten().map(|v| v.to_bits()).collect();
             let b: Vec<u32> = crows.iter().flatten().map(|v| v.to_bits()).collect();
-            assert!(a == b, "{name} case {i}: layer-major (chunk {chunk}) logits are not byte-identical to serial");
+            assert!(
+                a == b,
+                "{name} case {i}: layer-major (chunk {chunk}) logits are not byte-identical to serial"
+            );
         }
         let (_, cpu_rows) = greedy_cpu(&cpu, prompt, greedy.len());
         let flat: Vec<f32> = cpu_rows.iter().flatten().copied().collect();

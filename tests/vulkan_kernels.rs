@@ -10,8 +10,16 @@ use smoe_actors::kernels;
 use smoe_actors::tensor::{WeightData, WeightView};
 use smoe_actors::vulkan::harness::{KernelHarness, MatmulArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER};
 
-const SHAPES: &[(usize, usize, usize)] =
-    &[(1, 1, 1), (3, 17, 5), (33, 31, 7), (257, 129, 3), (67, 64, 9), (130, 96, 17), (1031, 65, 2), (40, 2048, 11)];
+const SHAPES: &[(usize, usize, usize)] = &[
+    (1, 1, 1),
+    (3, 17, 5),
+    (33, 31, 7),
+    (257, 129, 3),
+    (67, 64, 9),
+    (130, 96, 17),
+    (1031, 65, 2),
+    (40, 2048, 11),
+];
 
 fn rand_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
@@ -69,7 +77,12 @@ fn batched_matmul_is_byte_identical_to_matvec() {
                 }
                 let batched = h.read_act(out_b as usize, m * rows).unwrap();
                 let single = h.read_act(out_1 as usize, m * rows).unwrap();
-                assert_eq!(bits(&batched), bits(&single), "{:?} rows {rows} cols {cols} m {m} x_off {x_off}", w.dtype);
+                assert_eq!(
+                    bits(&batched),
+                    bits(&single),
+                    "{:?} rows {rows} cols {cols} m {m} x_off {x_off}",
+                    w.dtype
+                );
                 let mut cpu = vec![0.0; m * rows];
                 kernels::matmul(&view, &xs, m, &mut cpu);
                 let d = max_rel(&single, &cpu);
@@ -94,7 +107,9 @@ fn batched_gate_up_with_gather_is_byte_identical_to_m1() {
         let k = 3u32;
         let map: Vec<u32> = (0..m as u32).rev().map(|t| t * k + (t % k)).collect();
         h.write_route(&map).unwrap();
-        for (g, u) in [(WeightData::F32(&gf), WeightData::F32(&uf)), (WeightData::Bf16(&gb), WeightData::Bf16(&ub))] {
+        for (g, u) in
+            [(WeightData::F32(&gf), WeightData::F32(&uf)), (WeightData::Bf16(&gb), WeightData::Bf16(&ub))]
+        {
             let gw = h.weight(&WeightView { data: g, rows, cols }, false).unwrap();
             let uw = h.weight(&WeightView { data: u, rows, cols }, true).unwrap();
             let pair = h.pair(&gw, &uw).unwrap();
@@ -123,7 +138,10 @@ fn batched_gate_up_with_gather_is_byte_identical_to_m1() {
                 for r in 0..rows {
                     let want = kernels::silu(kernels::row_dot(&gv, r, x)) * kernels::row_dot(&uv, r, x);
                     let got = single[j * rows + r];
-                    assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "gate_up vs CPU: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "gate_up vs CPU: {got} vs {want}"
+                    );
                 }
             }
         }

@@ -139,6 +139,13 @@ impl SlotAllocator for VulkanAllocator {
         let base = (start + pad) as *mut u8;
         let arena_buf = buffer.clone().slice(pad as u64..(pad + size) as u64);
         let id = self.registry.add(base as usize, size, arena_buf);
-        Ok(Box::new(VulkanArena { base, slot_bytes, n_slots, id, registry: self.registry.clone(), _buffer: buffer }))
+        Ok(Box::new(VulkanArena {
+            base,
+            slot_bytes,
+            n_slots,
+            id,
+            registry: self.registry.clone(),
+            _buffer: buffer,
+        }))
     }
 }

@@ -146,7 +146,11 @@ impl DeviceWeight {
             WeightData::Bf16(d) => (DType::Bf16, bytemuck::cast_slice(d)),
         };
         // Padded so that every bound range can be a whole number of 32-bit words.
-        let buf = device_buffer::<u8>(ctx, (bytes.len() as u64 + 4).next_multiple_of(16), BufferUsage::STORAGE_BUFFER)?;
+        let buf = device_buffer::<u8>(
+            ctx,
+            (bytes.len() as u64 + 4).next_multiple_of(16),
+            BufferUsage::STORAGE_BUFFER,
+        )?;
         upload(ctx, &buf, bytes)?;
         DeviceWeight::from_buffer(ctx, dtype, w.rows, w.cols, buf)
     }
@@ -163,12 +167,13 @@ impl DeviceWeight {
         let row_bytes = (cols * dtype.size()) as u64;
         let props = ctx.device.physical_device().properties();
         let align = props.min_storage_buffer_offset_alignment.as_devicesize().max(4);
-        let per = rows_per_range(row_bytes, props.max_storage_buffer_range as u64, align).ok_or_else(|| {
-            VulkanError::Unsupported(format!(
-                "a weight row of {row_bytes} bytes exceeds the device's storage-buffer range ({} bytes)",
-                props.max_storage_buffer_range
-            ))
-        })?;
+        let per =
+            rows_per_range(row_bytes, props.max_storage_buffer_range as u64, align).ok_or_else(|| {
+                VulkanError::Unsupported(format!(
+                    "a weight row of {row_bytes} bytes exceeds the device's storage-buffer range ({} bytes)",
+                    props.max_storage_buffer_range
+                ))
+            })?;
         let mut ranges = Vec::new();
         let mut row0 = 0;
         while row0 < rows {

@@ -98,10 +98,7 @@ fn is_unified(p: &PhysicalDevice) -> bool {
     let both = MemoryPropertyFlags::DEVICE_LOCAL | MemoryPropertyFlags::HOST_VISIBLE;
     mp.memory_heaps.iter().enumerate().all(|(hi, h)| {
         !h.flags.contains(vulkano::memory::MemoryHeapFlags::DEVICE_LOCAL)
-            || mp
-                .memory_types
-                .iter()
-                .any(|t| t.heap_index as usize == hi && t.property_flags.contains(both))
+            || mp.memory_types.iter().any(|t| t.heap_index as usize == hi && t.property_flags.contains(both))
     }) && mp.memory_heaps.len() == 1
 }
 

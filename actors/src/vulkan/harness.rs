@@ -74,7 +74,7 @@ impl KernelHarness {
             }
             d.ranges[0].bytes.clone()
         };
-        let set = set0(&self.ctx, &typed(&self.kernels, dtype).matvec, &[buf.clone()])?;
+        let set = set0(&self.ctx, &typed(&self.kernels, dtype).matvec, std::slice::from_ref(&buf))?;
         Ok(TestWeight { dtype, rows: w.rows, cols: w.cols, bytes: buf, set })
     }
 
@@ -93,10 +93,7 @@ impl KernelHarness {
     /// Reads `len` activation floats from `off`.
     pub fn read_act(&self, off: usize, len: usize) -> Result<Vec<f32>, VulkanError> {
         let dst = host_buffer::<f32>(&self.ctx, len as u64, BufferUsage::empty())?;
-        self.run(
-            |r| r.copy(self.act.clone().slice(off as u64..(off + len) as u64), dst.clone()),
-            1,
-        )?;
+        self.run(|r| r.copy(self.act.clone().slice(off as u64..(off + len) as u64), dst.clone()), 1)?;
         let v = dst.read().map_err(verr("reading activations"))?.to_vec();
         Ok(v)
     }
@@ -131,7 +128,13 @@ impl KernelHarness {
     }
 
     /// A matmul (`batched`) or matvec of `w` with `a` (rows and cols taken from `w`).
-    pub fn matmul(&self, w: &TestWeight, a: MatmulArgs, batched: bool, reps: usize) -> Result<Duration, VulkanError> {
+    pub fn matmul(
+        &self,
+        w: &TestWeight,
+        a: MatmulArgs,
+        batched: bool,
+        reps: usize,
+    ) -> Result<Duration, VulkanError> {
         let a = MatmulArgs { rows: w.rows as u32, cols: w.cols as u32, ..a };
         self.run(|r| r.matmul(w.dtype, batched, w.set.clone(), a), reps)
     }

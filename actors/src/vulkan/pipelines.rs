@@ -91,8 +91,8 @@ fn kernel(device: &Arc<Device>, act: &Arc<DescriptorSetLayout>, name: &str) -> R
     if info.set_layouts.is_empty() {
         info.set_layouts.push(DescriptorSetLayoutCreateInfo::default());
     }
-    let set0 = DescriptorSetLayout::new(device.clone(), info.set_layouts[0].clone())
-        .map_err(|e| verr(name)(&e))?;
+    let set0 =
+        DescriptorSetLayout::new(device.clone(), info.set_layouts[0].clone()).map_err(|e| verr(name)(&e))?;
     let layout = PipelineLayout::new(
         device.clone(),
         PipelineLayoutCreateInfo {
@@ -102,9 +102,12 @@ fn kernel(device: &Arc<Device>, act: &Arc<DescriptorSetLayout>, name: &str) -> R
         },
     )
     .map_err(|e| verr(name)(&e))?;
-    let pipeline =
-        ComputePipeline::new(device.clone(), None, ComputePipelineCreateInfo::stage_layout(stage, layout.clone()))
-            .map_err(|e| verr(name)(&e))?;
+    let pipeline = ComputePipeline::new(
+        device.clone(),
+        None,
+        ComputePipelineCreateInfo::stage_layout(stage, layout.clone()),
+    )
+    .map_err(|e| verr(name)(&e))?;
     Ok(Kernel { pipeline, layout })
 }
 

@@ -133,7 +133,9 @@ impl Recorder {
             Some(s) => (0, vec![s, self.act_set.clone()]),
             None => (1, vec![self.act_set.clone()]),
         };
-        self.cb.bind_descriptor_sets(PipelineBindPoint::Compute, kernel.layout.clone(), first, sets).map_err(&e)?;
+        self.cb
+            .bind_descriptor_sets(PipelineBindPoint::Compute, kernel.layout.clone(), first, sets)
+            .map_err(&e)?;
         self.cb.push_constants(kernel.layout.clone(), 0, push).map_err(&e)?;
         // SAFETY: every index a kernel forms is bounded by the push constants, which the
         // callers derive from the sizes the buffers were allocated with.

@@ -158,10 +158,16 @@ pub struct Runner {
     router_row: Vec<f32>,
 }
 
-fn bind(ctx: &VulkanContext, kernels: &Kernels, model: &Model, r: &crate::vault::TensorRef) -> Result<BoundWeight, VulkanError> {
+fn bind(
+    ctx: &VulkanContext,
+    kernels: &Kernels,
+    model: &Model,
+    r: &crate::vault::TensorRef,
+) -> Result<BoundWeight, VulkanError> {
     let w = DeviceWeight::upload(ctx, &model.w(r))?;
     let k = &kernels.f32.matvec;
-    let sets = w.ranges.iter().map(|rg| set0(ctx, k, &[rg.bytes.clone()])).collect::<Result<_, _>>()?;
+    let sets =
+        w.ranges.iter().map(|rg| set0(ctx, k, std::slice::from_ref(&rg.bytes))).collect::<Result<_, _>>()?;
     Ok(BoundWeight { w, sets })
 }
 
@@ -193,11 +199,12 @@ impl Runner {
             [],
         )
         .map_err(verr("creating the activation set"))?;
-        let vecset = |tr: &crate::vault::TensorRef| -> Result<(Subbuffer<[u8]>, Arc<DescriptorSet>), VulkanError> {
-            let b = upload_f32(&ctx, model.vec(tr))?;
-            let s = set0(&ctx, &kernels.rmsnorm, &[b.clone()])?;
-            Ok((b, s))
-        };
+        let vecset =
+            |tr: &crate::vault::TensorRef| -> Result<(Subbuffer<[u8]>, Arc<DescriptorSet>), VulkanError> {
+                let b = upload_f32(&ctx, model.vec(tr))?;
+                let s = set0(&ctx, &kernels.rmsnorm, std::slice::from_ref(&b))?;
+                Ok((b, s))
+            };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for lr in &model.layers {
             let ffn = match &lr.ffn {
@@ -214,7 +221,9 @@ impl Runner {
                         })
                         .collect::<Result<_, VulkanError>>()?;
                     if g.dtype != u.dtype || g.ranges.len() != u.ranges.len() {
-                        return Err(VulkanError::Unsupported("gate and up projections differ in type".into()));
+                        return Err(VulkanError::Unsupported(
+                            "gate and up projections differ in type".into(),
+                        ));
                     }
                     LayerFfn::Dense {
                         gate_up: sets,
@@ -316,16 +325,18 @@ impl Runner {
         Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone())
     }
 
-    fn submit(&self, rec: Recorder, transfer: Option<Arc<PrimaryAutoCommandBuffer>>) -> Result<(), VulkanError> {
+    fn submit(
+        &self,
+        rec: Recorder,
+        transfer: Option<Arc<PrimaryAutoCommandBuffer>>,
+    ) -> Result<(), VulkanError> {
         let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
         let e = verr("running a layer step");
         let start = vulkano::sync::now(self.ctx.device.clone()).boxed();
         let start = match (transfer, &self.ctx.transfer) {
-            (Some(t), Some(q)) => start
-                .then_execute(q.clone(), t)
-                .map_err(&e)?
-                .then_signal_semaphore()
-                .boxed(),
+            (Some(t), Some(q)) => {
+                start.then_execute(q.clone(), t).map_err(&e)?.then_signal_semaphore().boxed()
+            }
             (Some(t), None) => start.then_execute(self.ctx.compute.clone(), t).map_err(&e)?.boxed(),
             (None, _) => start,
         };
@@ -340,7 +351,13 @@ impl Runner {
     }
 
     /// Records one weight matrix product over every bound row range.
-    fn project(&self, rec: &mut Recorder, w: &BoundWeight, mut a: MatmulArgs, batched: bool) -> Result<(), VulkanError> {
+    fn project(
+        &self,
+        rec: &mut Recorder,
+        w: &BoundWeight,
+        mut a: MatmulArgs,
+        batched: bool,
+    ) -> Result<(), VulkanError> {
         let base = a.out_off;
         for (rg, set) in w.w.ranges.iter().zip(&w.sets) {
             a.rows = rg.rows as u32;
@@ -351,7 +368,14 @@ impl Runner {
         Ok(())
     }
 
-    fn attention(&self, rec: &mut Recorder, l: usize, kv: &KvLayer, start: usize, m: usize) -> Result<(), VulkanError> {
+    fn attention(
+        &self,
+        rec: &mut Recorder,
+        l: usize,
+        kv: &KvLayer,
+        start: usize,
+        m: usize,
+    ) -> Result<(), VulkanError> {
         let c = &self.model.cfg;
         let (h, qd, kvd) = (c.hidden_size as u32, c.q_dim() as u32, c.kv_dim() as u32);
         let r = self.r;
@@ -373,7 +397,12 @@ impl Runner {
         )?;
         let k = self.kernels.attention.clone();
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        rec.dispatch(&k, Some(kv.attn.clone()), [hd, nh, nkv, r.q, r.attn, start as u32, scale.to_bits()], [nh, mu, 1])?;
+        rec.dispatch(
+            &k,
+            Some(kv.attn.clone()),
+            [hd, nh, nkv, r.q, r.attn, start as u32, scale.to_bits()],
+            [nh, mu, 1],
+        )?;
         let a = MatmulArgs {
             m: mu,
             x_off: r.attn,
@@ -421,13 +450,16 @@ impl Runner {
     }
 
     /// Descriptor sets (down, gate/up) binding one blob.
-    fn blob_sets(&mut self, blob: &Subbuffer<[u8]>) -> Result<(Arc<DescriptorSet>, Arc<DescriptorSet>), VulkanError> {
+    fn blob_sets(
+        &mut self,
+        blob: &Subbuffer<[u8]>,
+    ) -> Result<(Arc<DescriptorSet>, Arc<DescriptorSet>), VulkanError> {
         let key = (Arc::as_ptr(blob.buffer()) as usize, blob.offset());
         if let Some(s) = self.blob_sets.get(&key) {
             return Ok(s.clone());
         }
         let t = super::record::typed(&self.kernels, self.model.vault.expert_layout().dtype);
-        let down = set0(&self.ctx, &t.matvec, &[blob.clone()])?;
+        let down = set0(&self.ctx, &t.matvec, std::slice::from_ref(blob))?;
         let gu = set0(&self.ctx, &t.gate_up, &[blob.clone(), blob.clone()])?;
         self.blob_sets.insert(key, (down.clone(), gu.clone()));
         Ok((down, gu))
@@ -490,8 +522,8 @@ impl Runner {
         let mut transfer = None;
         let x0 = self.r.x as u64;
         rec.copy(self.io.clone().slice(0..(m * h) as u64), self.act.clone().slice(x0..x0 + (m * h) as u64))?;
-        for l in 0..c.num_hidden_layers {
-            self.attention(&mut rec, l, &kv[l], start, m)?;
+        for (l, kvl) in kv.iter().enumerate().take(c.num_hidden_layers) {
+            self.attention(&mut rec, l, kvl, start, m)?;
             match &self.layers[l].ffn {
                 LayerFfn::Dense { .. } => self.dense_ffn(&mut rec, l, m)?,
                 LayerFfn::Moe { .. } => {
@@ -506,7 +538,14 @@ impl Runner {
             let hu = h as u32;
             let last = r.x + ((m - 1) * h) as u32;
             rec.rmsnorm(self.final_norm.clone(), hu, 1, last, hu, r.xn, hu, c.rms_norm_eps)?;
-            let a = MatmulArgs { m: 1, x_off: r.xn, x_stride: hu, out_off: r.logits, out_stride: 0, ..Default::default() };
+            let a = MatmulArgs {
+                m: 1,
+                x_off: r.xn,
+                x_stride: hu,
+                out_off: r.logits,
+                out_stride: 0,
+                ..Default::default()
+            };
             self.project(&mut rec, &self.lm_head, a, false)?;
             let (lo, v) = (r.logits as u64, c.vocab_size as u64);
             let io0 = (m * h + m * c.num_experts) as u64;
@@ -531,7 +570,14 @@ impl Runner {
         let LayerFfn::Moe { router } = &lb.ffn else { return Ok(()) };
         let mu = m as u32;
         rec.rmsnorm(lb.post_norm.clone(), h, mu, r.x, h, r.xn, h, c.rms_norm_eps)?;
-        let a = MatmulArgs { m: mu, x_off: r.xn, x_stride: h, out_off: r.router, out_stride: ne, ..Default::default() };
+        let a = MatmulArgs {
+            m: mu,
+            x_off: r.xn,
+            x_stride: h,
+            out_off: r.router,
+            out_stride: ne,
+            ..Default::default()
+        };
         self.project(rec, router, a, m > 1)?;
         let n = (m * c.num_experts) as u64;
         let io0 = (m * c.hidden_size) as u64;
@@ -575,7 +621,9 @@ impl Runner {
                     if !self.in_union[e as usize] {
                         self.in_union[e as usize] = true;
                         self.union.push(e);
-                        if announced + 1 == self.union.len() && self.experts.announce(ExpertKey::new(l, e as usize)) {
+                        if announced + 1 == self.union.len()
+                            && self.experts.announce(ExpertKey::new(l, e as usize))
+                        {
                             announced += 1;
                         }
                     }
@@ -608,7 +656,14 @@ impl Runner {
                 Ok(b) => {
                     if let Some(trace) = self.trace.as_mut() {
                         let info = b.info();
-                        trace.push(ClaimEvent { pos: start, rows: m, layer: l, expert: e as usize, hit: info.hit, bytes: info.bytes });
+                        trace.push(ClaimEvent {
+                            pos: start,
+                            rows: m,
+                            layer: l,
+                            expert: e as usize,
+                            hit: info.hit,
+                            bytes: info.bytes,
+                        });
                     }
                     self.handles.push(b);
                 }
@@ -647,7 +702,8 @@ impl Runner {
                         )
                     }
                 };
-                tcb.copy_buffer(CopyBufferInfo::buffers(src, dst.clone())).map_err(verr("recording a staging upload"))?;
+                tcb.copy_buffer(CopyBufferInfo::buffers(src, dst.clone()))
+                    .map_err(verr("recording a staging upload"))?;
                 blobs.push(dst);
             } else {
                 blobs.push(src);
