@@ -4,6 +4,7 @@ mod cli;
 mod convert;
 mod generate;
 mod tokenizer;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(a) => generate::run(&a),
+        Command::Verify(a) => verify::run(&a),
     }
 }
 

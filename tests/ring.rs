@@ -39,6 +39,7 @@ fn greedy(engine: &Engine, prompt: &[u32], n: usize) -> Result<Vec<u32>, String>
         max_tokens: n,
         sampling: SamplingParams::default(),
         ignore_eos: true,
+        spec_depth: 0,
     };
     let mut ids = Vec::new();
     generate(&mut fwd, &mut kv, &req, |id, _| {
@@ -99,7 +100,7 @@ fn concurrent_claims_loads_and_evictions_keep_the_invariants() {
                                 check(&h);
                             }
                             2 => {
-                                ring.prefetch(key);
+                                ring.bet(key);
                             }
                             _ => {
                                 if ring.announce(key) {

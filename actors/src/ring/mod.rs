@@ -412,7 +412,7 @@ impl RingCache {
     /// Queues a low-priority read of `key` as a bet on the next token. Never evicts a
     /// referenced or loading slot and never reads an expert that is already present or
     /// on its way; returns whether a read was issued.
-    pub fn prefetch(&self, key: ExpertKey) -> bool {
+    pub fn bet(&self, key: ExpertKey) -> bool {
         let sh = &self.shared;
         if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
             return false;
@@ -518,6 +518,10 @@ impl ExpertSource for RingCache {
             }
             None => false,
         }
+    }
+
+    fn prefetch(&self, key: ExpertKey) {
+        self.bet(key);
     }
 
     fn withdraw(&self, key: ExpertKey) {
