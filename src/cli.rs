@@ -23,6 +23,34 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Check that layer-major prefill is byte-identical to token-serial replay.
     Verify(VerifyArgs),
+    /// Write a random-weight vault at the shape of a real model.
+    Synth(SynthArgs),
+}
+
+/// Arguments of `synth`.
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// Vault directory to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Model shape: tiny, qwen3-30b-a3b or qwen3-235b-a22b.
+    #[arg(long)]
+    pub preset: String,
+    /// Keep only the first N layers (so the vault fits the disk at hand).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Weight element type.
+    #[arg(long, value_parser = ["f32", "bf16"], default_value = "bf16")]
+    pub dtype: String,
+    /// Copy tokenizer files from this directory.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Overwrite an existing vault at --out.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Arguments of `verify`.

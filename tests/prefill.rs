@@ -42,6 +42,9 @@ fn verify_reads_a_prompt_file_and_rejects_bad_input() {
     assert!(err.contains("at least 1"), "{err}");
 }
 
+/// One traced claim: expert, hit, bytes read.
+type Claim = (u64, bool, u64);
+
 #[test]
 fn each_union_expert_is_claimed_once_per_chunk_and_layer() {
     let dir = tempfile::tempdir().unwrap();
@@ -62,7 +65,7 @@ fn each_union_expert_is_claimed_once_per_chunk_and_layer() {
         let c: usize = chunk.parse().unwrap();
         assert_eq!(unions.len(), (prompt.len() - 1).div_ceil(c), "one entry per chunk");
         // Group the prefill claims (rows > 1 or positions before the last prompt token).
-        let mut groups: BTreeMap<(u64, u64), Vec<(u64, bool, u64)>> = BTreeMap::new();
+        let mut groups: BTreeMap<(u64, u64), Vec<Claim>> = BTreeMap::new();
         for line in std::fs::read_to_string(&trace).unwrap().lines() {
             let e: serde_json::Value = serde_json::from_str(line).unwrap();
             let pos = e["pos"].as_u64().unwrap();
