@@ -11,7 +11,7 @@ use super::kv::{KvLayer, VulkanKvCache};
 use super::runner::{ExpertPath, Runner};
 use super::{VulkanError, VulkanForwardError};
 use crate::engine::Engine;
-use crate::forward::{ClaimEvent, LayerRouting};
+use crate::forward::{ClaimEvent, ClaimTally};
 use crate::model::Model;
 
 struct ForwardJob {
@@ -19,7 +19,9 @@ struct ForwardJob {
     start: usize,
     tokens: Vec<u32>,
     logits: Vec<f32>,
-    routing: Vec<LayerRouting>,
+    union_sizes: Vec<usize>,
+    tally: ClaimTally,
+    spec_depth: usize,
     want_logits: bool,
     trace: bool,
 }
@@ -43,8 +45,10 @@ fn serve(mut runner: Runner, jobs: flume::Receiver<Job>) {
                 if f.trace {
                     runner.trace.get_or_insert_with(Vec::new);
                 }
+                runner.spec_depth = f.spec_depth;
                 let result = runner.forward(&f.kv, f.start, &f.tokens, &mut f.logits, f.want_logits);
-                std::mem::swap(&mut f.routing, &mut runner.routing);
+                f.union_sizes.clone_from(&runner.union_sizes);
+                f.tally = runner.tally;
                 let trace = runner.trace.as_mut().map(std::mem::take).unwrap_or_default();
                 let _ = reply.send(ForwardDone { result, job: *f, trace });
             }
@@ -72,13 +76,15 @@ pub struct VulkanForward {
 impl VulkanForward {
     /// Starts the executor thread for blocks of up to `max_rows` tokens: uploads the
     /// resident weights and allocates every device buffer. `arenas` are the ring arenas
-    /// whose slots the kernels read in place (blobs from elsewhere are copied).
+    /// whose slots the kernels read in place (blobs from elsewhere are copied);
+    /// `hold_limit` is how many blobs `experts` can hand out at once (the ring's slots).
     pub fn new(
         ctx: Arc<VulkanContext>,
         arenas: ArenaRegistry,
         model: Arc<Model>,
         experts: Arc<dyn ExpertSource>,
         max_rows: usize,
+        hold_limit: usize,
     ) -> Result<VulkanForward, VulkanError> {
         let (tx, rx) = flume::unbounded();
         let (ready_tx, ready_rx) = flume::bounded(1);
@@ -86,7 +92,7 @@ impl VulkanForward {
         let m = Arc::clone(&model);
         let thread = std::thread::Builder::new()
             .name("smoe-vulkan".into())
-            .spawn(move || match Runner::new(ctx, arenas, m, experts, max_rows) {
+            .spawn(move || match Runner::new(ctx, arenas, m, experts, max_rows, hold_limit) {
                 Ok(r) => {
                     let _ = ready_tx.send(Ok(()));
                     serve(r, rx);
@@ -103,7 +109,9 @@ impl VulkanForward {
             start: 0,
             tokens: Vec::with_capacity(max_rows),
             logits: Vec::with_capacity(cfg.vocab_size),
-            routing: Vec::with_capacity(cfg.num_hidden_layers),
+            union_sizes: vec![0; cfg.num_hidden_layers],
+            tally: ClaimTally::default(),
+            spec_depth: 0,
             want_logits: false,
             trace: false,
         };
@@ -125,7 +133,14 @@ impl VulkanForward {
         engine: &Engine,
         max_rows: usize,
     ) -> Result<VulkanForward, VulkanError> {
-        VulkanForward::new(ctx, alloc.registry(), engine.model.clone(), engine.ring.clone(), max_rows)
+        VulkanForward::new(
+            ctx,
+            alloc.registry(),
+            engine.model.clone(),
+            engine.ring.clone(),
+            max_rows,
+            engine.ring.n_slots(),
+        )
     }
 
     fn send(&self, job: Job) -> Result<(), VulkanError> {
@@ -172,9 +187,23 @@ impl VulkanForward {
         self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Routing of each MoE layer during the last call.
-    pub fn last_routing(&self) -> &[LayerRouting] {
-        self.job.as_ref().map(|j| j.routing.as_slice()).unwrap_or(&[])
+    /// For each decoder layer, how many distinct experts the last call's tokens were
+    /// routed to (0 for dense layers).
+    pub fn last_union_sizes(&self) -> &[usize] {
+        self.job.as_ref().map(|j| j.union_sizes.as_slice()).unwrap_or(&[])
+    }
+
+    /// Claim accounting since this pass was created.
+    pub fn tally(&self) -> ClaimTally {
+        self.job.as_ref().map(|j| j.tally).unwrap_or_default()
+    }
+
+    /// Sets how many gate ranks beyond top-k a single-token (decode) step queues as
+    /// speculative prefetches for the next token (0 disables).
+    pub fn set_spec_depth(&mut self, depth: usize) {
+        if let Some(j) = self.job.as_mut() {
+            j.spec_depth = depth;
+        }
     }
 
     /// Runs `tokens` (at positions `kv.len()..`) through every layer, appending their

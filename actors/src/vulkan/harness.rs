@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use smoe_proto::DType;
 use vulkano::buffer::{BufferUsage, Subbuffer};
-use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
+use vulkano::descriptor_set::WriteDescriptorSet;
 use vulkano::sync::GpuFuture;
 
 use super::buffers::{device_buffer, host_buffer, upload, verr, DeviceWeight};
@@ -17,6 +17,7 @@ use super::VulkanError;
 use crate::tensor::WeightView;
 
 pub use super::record::{MatmulArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER};
+pub use vulkano::descriptor_set::DescriptorSet;
 
 /// A weight matrix on the device, bound whole (it must fit one storage-buffer range).
 pub struct TestWeight {
@@ -28,6 +29,13 @@ pub struct TestWeight {
     pub cols: usize,
     bytes: Subbuffer<[u8]>,
     set: Arc<DescriptorSet>,
+}
+
+impl TestWeight {
+    /// The descriptor set binding this matrix for the matmul kernels.
+    pub fn set(&self) -> Arc<DescriptorSet> {
+        self.set.clone()
+    }
 }
 
 /// Runs kernels on an activation arena and routing buffer of its own.

@@ -22,7 +22,7 @@ use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::Kernels;
 use super::record::{set0, MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER};
 use super::{VulkanError, VulkanForwardError};
-use crate::forward::{ClaimEvent, ForwardError, LayerRouting};
+use crate::forward::{ClaimEvent, ClaimTally, ForwardError};
 use crate::model::{FfnRefs, Model};
 use crate::routing::route;
 
@@ -146,8 +146,13 @@ pub struct Runner {
     stage: Option<[Subbuffer<[u8]>; 2]>,
     /// Whether blobs of m > 1 blocks are staged (the default on discrete devices).
     pub staging: bool,
-    /// Per-call results.
-    pub routing: Vec<LayerRouting>,
+    /// For each layer, the union size of the last call (0 for dense layers).
+    pub union_sizes: Vec<usize>,
+    /// Claim accounting since start.
+    pub tally: ClaimTally,
+    /// Gate ranks beyond top-k queued as prefetch bets in decode steps.
+    pub spec_depth: usize,
+    ranked: Vec<u16>,
     /// Claim trace, when enabled.
     pub trace: Option<Vec<ClaimEvent>>,
     topk_e: Vec<u16>,
@@ -155,6 +160,8 @@ pub struct Runner {
     in_union: Vec<bool>,
     union: Vec<u16>,
     handles: Vec<ExpertHandle>,
+    /// Most blobs held at once (the ring's slot count: holding more would wait forever).
+    hold_limit: usize,
     router_row: Vec<f32>,
 }
 
@@ -179,6 +186,7 @@ impl Runner {
         model: Arc<Model>,
         experts: Arc<dyn ExpertSource>,
         max_rows: usize,
+        hold_limit: usize,
     ) -> Result<Runner, VulkanError> {
         let c = model.cfg.clone();
         if c.head_dim > 512 {
@@ -279,7 +287,10 @@ impl Runner {
             fallback: None,
             stage,
             staging,
-            routing: Vec::with_capacity(c.num_hidden_layers),
+            union_sizes: vec![0; c.num_hidden_layers],
+            tally: ClaimTally::default(),
+            spec_depth: 0,
+            ranked: vec![0; c.num_experts],
             trace: None,
             topk_e: vec![0; m * k],
             topk_w: vec![0.0; m * k],
@@ -287,6 +298,7 @@ impl Runner {
             union: Vec::with_capacity(c.num_experts),
             handles: Vec::with_capacity(c.num_experts),
             router_row: vec![0.0; c.num_experts],
+            hold_limit: hold_limit.max(1),
             ctx,
             model,
             experts,
@@ -516,7 +528,10 @@ impl Runner {
                 embed.row_to_f32(tok as usize, &mut io[t * h..(t + 1) * h]);
             }
         }
-        self.routing.clear();
+        if kv.len() != c.num_hidden_layers {
+            return Err(VulkanError::Unsupported("a KV cache made for another model".into()).into());
+        }
+        self.union_sizes.fill(0);
         let mut rec = self.recorder()?;
         // A staging upload recorded for the current layer step, run before it.
         let mut transfer = None;
@@ -600,23 +615,27 @@ impl Runner {
         let model = self.model.clone();
         let c = &model.cfg;
         let (h, ne, k) = (c.hidden_size, c.num_experts, c.num_experts_per_tok);
-        let layout = *model.vault.expert_layout();
         // Route token by token, announcing each expert as it first enters the union.
         self.union.clear();
         self.in_union.fill(false);
         let mut announced = 0usize;
+        // A single decode token also ranks `spec_depth` experts beyond its top-k, queued
+        // as low-priority bets for the next token once this layer is recorded.
+        let bets = if m == 1 { self.spec_depth.min(ne - k) } else { 0 };
         {
             let io = self.io.read().map_err(verr("reading router logits"))?;
             let row = &mut self.router_row;
             for t in 0..m {
                 row.copy_from_slice(&io[m * h + t * ne..m * h + (t + 1) * ne]);
-                route(
-                    row,
-                    k,
-                    c.norm_topk_prob,
-                    &mut self.topk_e[t * k..(t + 1) * k],
-                    &mut self.topk_w[t * k..(t + 1) * k],
-                );
+                let ranked = if bets > 0 {
+                    &mut self.ranked[..k + bets]
+                } else {
+                    &mut self.topk_e[t * k..(t + 1) * k]
+                };
+                route(row, k, c.norm_topk_prob, ranked, &mut self.topk_w[t * k..(t + 1) * k]);
+                if bets > 0 {
+                    self.topk_e[..k].copy_from_slice(&self.ranked[..k]);
+                }
                 for &e in &self.topk_e[t * k..(t + 1) * k] {
                     if !self.in_union[e as usize] {
                         self.in_union[e as usize] = true;
@@ -651,11 +670,30 @@ impl Runner {
         }
         let union = self.union.clone();
         self.handles.clear();
+        // Expert work is recorded in batches of at most `hold_limit` held blobs: when the
+        // ring could not take another claim while all our handles are alive, the batch
+        // so far is run and its handles dropped first.
+        let mut batch = 0usize;
+        let mut rec = self.recorder()?;
         for (ui, &e) in union.iter().enumerate() {
+            if ui >= announced && self.handles.len() >= self.hold_limit {
+                let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
+                self.submit(rec, transfer)?;
+                self.handles.clear();
+                rec = self.recorder()?;
+                batch = ui;
+            }
             match self.experts.claim(ExpertKey::new(l, e as usize)) {
                 Ok(b) => {
+                    let info = b.info();
+                    self.tally.claims += 1;
+                    self.tally.bytes += info.bytes;
+                    if info.hit {
+                        self.tally.hits += 1;
+                    } else {
+                        self.tally.misses += 1;
+                    }
                     if let Some(trace) = self.trace.as_mut() {
-                        let info = b.info();
                         trace.push(ClaimEvent {
                             pos: start,
                             rows: m,
@@ -676,16 +714,46 @@ impl Runner {
                 }
             }
         }
-        // Where each blob is read from.
+        let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
+        let r = self.r;
+        let (hu, ku) = (h as u32, k as u32);
+        let kacc = self.kernels.accumulate.clone();
+        rec.dispatch(&kacc, None, [hu, ku, r.yk, r.x, (m * k) as u32], [hu.div_ceil(256), m as u32, 1])?;
+        for &e in &self.ranked[k..k + bets] {
+            self.experts.prefetch(ExpertKey::new(l, e as usize));
+        }
+        self.union_sizes[l] = union.len();
+        if m > 1 {
+            metrics::histogram!("smoe_union_size").record(union.len() as f64);
+        }
+        Ok((rec, transfer))
+    }
+}
+
+impl Runner {
+    /// Records the kernels of the held blobs (union indices `first..`, in `self.handles`)
+    /// into `rec`; with staging, also records their upload into the layer slot and
+    /// returns it (to run before `rec`).
+    fn record_experts(
+        &mut self,
+        rec: &mut Recorder,
+        l: usize,
+        m: usize,
+        first: usize,
+        segs: &[(usize, usize)],
+    ) -> Result<Option<Arc<PrimaryAutoCommandBuffer>>, VulkanError> {
+        let model = self.model.clone();
+        let c = &model.cfg;
+        let layout = *model.vault.expert_layout();
         let staged = self.staging && m > 1;
-        let mut blobs = Vec::with_capacity(union.len());
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let handles = std::mem::take(&mut self.handles);
-        for (ui, hnd) in handles.iter().enumerate() {
+        let mut sets = Vec::with_capacity(handles.len());
+        for (i, hnd) in handles.iter().enumerate() {
+            let ui = first + i;
             let src = self.blob_buffer(ui, &hnd[..])?;
-            if staged {
-                let stage = self.stage.as_ref().expect("staging buffers exist").clone();
-                let slot = stage[l % 2].clone();
+            let blob = if staged {
+                let slot = self.stage.as_ref().expect("staging buffers exist")[l % 2].clone();
                 let off = ui as u64 * layout.blob_stride;
                 let dst = slot.slice(off..off + src.len());
                 let tcb = match transfer.as_mut() {
@@ -704,27 +772,19 @@ impl Runner {
                 };
                 tcb.copy_buffer(CopyBufferInfo::buffers(src, dst.clone()))
                     .map_err(verr("recording a staging upload"))?;
-                blobs.push(dst);
+                dst
             } else {
-                blobs.push(src);
-            }
+                src
+            };
+            sets.push(self.blob_sets(&blob)?);
         }
         self.handles = handles;
-        let transfer = match transfer {
-            Some(t) => Some(t.build().map_err(verr("recording a staging upload"))?),
-            None => None,
-        };
-        let mut sets = Vec::with_capacity(blobs.len());
-        for b in &blobs {
-            sets.push(self.blob_sets(b)?);
-        }
-        let mut rec = self.recorder()?;
         let r = self.r;
-        let (hu, ku) = (h as u32, k as u32);
+        let (hu, ku) = (c.hidden_size as u32, c.num_experts_per_tok as u32);
         let inter = c.moe_intermediate_size as u32;
         let ds = layout.dtype.size() as u64;
         let off = |p: &PartLayout| (p.offset / ds) as u32;
-        for (&(s, n), (down, gu)) in segs.iter().zip(&sets) {
+        for (&(s, n), (down, gu)) in segs[first..].iter().zip(&sets) {
             let (s, n) = (s as u32, n as u32);
             let a = MatmulArgs {
                 rows: inter,
@@ -756,14 +816,12 @@ impl Runner {
             };
             rec.matmul(layout.dtype, n > 1, down.clone(), a)?;
         }
-        let kacc = self.kernels.accumulate.clone();
-        rec.dispatch(&kacc, None, [hu, ku, r.yk, r.x, (m * k) as u32], [hu.div_ceil(256), m as u32, 1])?;
-        self.routing.push(LayerRouting { layer: l, union });
-        Ok((rec, transfer))
+        match transfer {
+            Some(t) => Ok(Some(t.build().map_err(verr("recording a staging upload"))?)),
+            None => Ok(None),
+        }
     }
-}
 
-impl Runner {
     /// Whether this device and pass can stage blobs (separate device memory).
     pub fn can_stage(&self) -> bool {
         self.stage.is_some()
