@@ -6,9 +6,10 @@
 //! memory (where ring slots live), and GFLOP/s of the batched expert FFN at 64 tokens.
 //! Many distinct weight sets are cycled so the L2 cache does not hold them.
 //!
-//! `vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE]`: prefill and
-//! decode tokens/s, CPU vs Vulkan, with every expert held in the ring (resident) and
-//! with a ring of STREAM_SLOTS slots (streamed from the vault).
+//! `vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES]`: prefill
+//! and decode tokens/s, CPU vs Vulkan, with every expert held in the ring (`resident`)
+//! and with a ring of STREAM_SLOTS slots (`streamed` from the vault); MODES is
+//! `resident`, `streamed` or `both` (the default).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -272,7 +273,9 @@ fn main() {
         Some("kernels") => kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
         Some("e2e") if args.len() >= 2 => e2e(&args[1..]),
         _ => {
-            eprintln!("usage: vulkan kernels [DEVICE] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE]");
+            eprintln!(
+                "usage: vulkan kernels [DEVICE] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES]"
+            );
             std::process::exit(2);
         }
     }
