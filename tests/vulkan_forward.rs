@@ -152,10 +152,15 @@ fn vulkan_staged_and_zero_copy_prefill_agree_bytewise() {
     let prompt: Vec<u32> = (0..21).map(|i| (i * 37 + 5) % 448).collect();
     fwd.set_expert_path(ExpertPath::ZeroCopy).unwrap();
     let (a_ids, a) = greedy_vulkan(&mut fwd, &prompt, 4, 8);
-    fwd.set_expert_path(ExpertPath::Staged).unwrap();
-    let (b_ids, b) = greedy_vulkan(&mut fwd, &prompt, 4, 8);
-    assert_eq!(a_ids, b_ids);
-    assert!(a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| x.to_bits() == y.to_bits()));
+    for path in [ExpertPath::StagedPrefill, ExpertPath::Staged] {
+        fwd.set_expert_path(path).unwrap();
+        let (b_ids, b) = greedy_vulkan(&mut fwd, &prompt, 4, 8);
+        assert_eq!(a_ids, b_ids, "{path:?}");
+        assert!(
+            a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{path:?}"
+        );
+    }
 }
 
 #[test]

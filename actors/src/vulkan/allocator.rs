@@ -111,6 +111,11 @@ impl SlotAllocator for VulkanAllocator {
             .checked_mul(slot_bytes)
             .filter(|&s| s > 0)
             .ok_or_else(|| err("ring of zero bytes".into()))?;
+        if let Some(max) = self.ctx.info.max_allocation.filter(|&m| (size + SLOT_ALIGN) as u64 > m) {
+            return Err(err(format!(
+                "the device allocates at most {max} bytes at once but the ring needs {size}"
+            )));
+        }
         let fam = self.ctx.families();
         let sharing =
             if fam.len() > 1 { Sharing::Concurrent(fam.into_iter().collect()) } else { Sharing::Exclusive };

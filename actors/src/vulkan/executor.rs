@@ -55,7 +55,7 @@ fn serve(mut runner: Runner, jobs: flume::Receiver<Job>) {
             Job::NewKv(reply) => {
                 let _ = reply.send(runner.new_kv());
             }
-            Job::ExpertPath(p) => runner.staging = p == ExpertPath::Staged && runner.can_stage(),
+            Job::ExpertPath(p) => runner.path = p,
         }
     }
 }
@@ -169,10 +169,9 @@ impl VulkanForward {
         self.max_rows
     }
 
-    /// Chooses how multi-row blocks read expert weights: staged into device-local layer
-    /// slots (the default where the device has its own memory) or in place from the
-    /// ring. Decode (one row) always reads in place. Staging is ignored on single-heap
-    /// devices.
+    /// Chooses where expert kernels read blobs: in place from the ring, or staged into
+    /// device-local layer slots for prefill blocks (the default where the device has
+    /// its own memory) or for every block. Staging is ignored on single-heap devices.
     pub fn set_expert_path(&self, path: ExpertPath) -> Result<(), VulkanError> {
         self.send(Job::ExpertPath(path))
     }

@@ -109,15 +109,20 @@ struct LayerBufs {
     ffn: LayerFfn,
 }
 
-/// Where the union's expert weights are read from during one layer step.
+/// Where expert kernels read the claimed blobs from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ExpertPath {
-    /// Kernels read the ring slots in place.
+    /// Kernels read the host-visible ring slots in place (every block).
     ZeroCopy,
-    /// The union is copied into a device-local layer slot first (prefill chunks on
-    /// devices with separate device memory).
+    /// Multi-row blocks copy their union into a device-local layer slot first (on the
+    /// transfer queue where the device has one); decode reads ring slots in place.
+    StagedPrefill,
+    /// Every block, decode included, copies its blobs into a layer slot first.
     Staged,
 }
+
+/// The expert path on devices with their own memory.
+const DISCRETE_DEFAULT: ExpertPath = ExpertPath::StagedPrefill;
 
 /// Device state of one forward pass (lives on the executor thread).
 pub struct Runner {
@@ -144,8 +149,8 @@ pub struct Runner {
     /// Two device-local layer slots for staged prefill, when the device has separate
     /// device memory.
     stage: Option<[Subbuffer<[u8]>; 2]>,
-    /// Whether blobs of m > 1 blocks are staged (the default on discrete devices).
-    pub staging: bool,
+    /// Where expert kernels read blobs (staging only where `stage` exists).
+    pub path: ExpertPath,
     /// For each layer, the union size of the last call (0 for dense layers).
     pub union_sizes: Vec<usize>,
     /// Claim accounting since start.
@@ -260,8 +265,7 @@ impl Runner {
         let rope_sin = upload_f32(&ctx, &model.rope.sin)?;
         let layout = *model.vault.expert_layout();
         let max_union = c.num_experts.min(m * k);
-        let staging = !ctx.info.unified_memory && m > 1 && c.num_experts > 0;
-        let stage = if staging {
+        let stage = if !ctx.info.unified_memory && c.num_experts > 0 {
             let n = (max_union as u64 * layout.blob_stride).max(4);
             Some([
                 device_buffer::<u8>(&ctx, n, BufferUsage::STORAGE_BUFFER)?,
@@ -286,7 +290,7 @@ impl Runner {
             blob_sets: HashMap::new(),
             fallback: None,
             stage,
-            staging,
+            path: if ctx.info.unified_memory { ExpertPath::ZeroCopy } else { DISCRETE_DEFAULT },
             union_sizes: vec![0; c.num_hidden_layers],
             tally: ClaimTally::default(),
             spec_depth: 0,
@@ -745,7 +749,12 @@ impl Runner {
         let model = self.model.clone();
         let c = &model.cfg;
         let layout = *model.vault.expert_layout();
-        let staged = self.staging && m > 1;
+        let staged = self.stage.is_some()
+            && match self.path {
+                ExpertPath::ZeroCopy => false,
+                ExpertPath::StagedPrefill => m > 1,
+                ExpertPath::Staged => true,
+            };
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let handles = std::mem::take(&mut self.handles);
         let mut sets = Vec::with_capacity(handles.len());
@@ -820,10 +829,5 @@ impl Runner {
             Some(t) => Ok(Some(t.build().map_err(verr("recording a staging upload"))?)),
             None => Ok(None),
         }
-    }
-
-    /// Whether this device and pass can stage blobs (separate device memory).
-    pub fn can_stage(&self) -> bool {
-        self.stage.is_some()
     }
 }

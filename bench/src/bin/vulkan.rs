@@ -6,10 +6,14 @@
 //! memory (where ring slots live), and GFLOP/s of the batched expert FFN at 64 tokens.
 //! Many distinct weight sets are cycled so the L2 cache does not hold them.
 //!
+//! `vulkan diag VAULT [DEVICE]`: which ring sizes, block sizes and expert paths
+//! reproduce token-serial logits bit for bit, and the CPU backend's distance.
+//!
 //! `vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES]`: prefill
 //! and decode tokens/s, CPU vs Vulkan, with every expert held in the ring (`resident`)
 //! and with a ring of STREAM_SLOTS slots (`streamed` from the vault); MODES is
-//! `resident`, `streamed` or `both` (the default).
+//! `resident`, `streamed` or `both` (the default); an optional 8th argument picks the
+//! expert path (`zero-copy`, `staged-prefill`, `staged`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,7 +24,7 @@ use smoe_actors::forward::KvCache;
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::tensor::{WeightData, WeightView};
 use smoe_actors::vulkan::harness::{DescriptorSet, KernelHarness, MatmulArgs, TestWeight};
-use smoe_actors::vulkan::{VulkanAllocator, VulkanContext, VulkanForward};
+use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanForward};
 
 /// Cheap deterministic pseudo-random weights in [-0.05, 0.05).
 fn fill(n: usize, seed: u64) -> Vec<f32> {
@@ -226,10 +230,14 @@ fn run_vulkan(
     prompt: &[u32],
     decode: usize,
     chunk: usize,
+    path: Option<ExpertPath>,
 ) -> (Rates, u32) {
     let alloc = VulkanAllocator::new(ctx.clone());
     let engine = Engine::open(vault, opts, &alloc).expect("engine");
     let mut fwd = VulkanForward::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("vulkan forward");
+    if let Some(p) = path {
+        fwd.set_expert_path(p).expect("path");
+    }
     let mut kv = fwd.new_kv().expect("kv");
     let (last, body) = prompt.split_last().expect("prompt");
     let t = Instant::now();
@@ -250,6 +258,13 @@ fn e2e(args: &[String]) {
     let num = |i: usize, d: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (plen, decode, chunk, stream_slots, device) =
         (num(1, 256), num(2, 32), num(3, 64), num(4, 64), num(5, 0));
+    let modes = args.get(6).map(String::as_str).unwrap_or("both");
+    let path = match args.get(7).map(String::as_str) {
+        Some("zero-copy") => Some(ExpertPath::ZeroCopy),
+        Some("staged-prefill") => Some(ExpertPath::StagedPrefill),
+        Some("staged") => Some(ExpertPath::Staged),
+        _ => None,
+    };
     let ctx = VulkanContext::new(device).expect("device");
     let vocab = smoe_actors::vault::Vault::open(vault).expect("vault").manifest().model.vocab_size as u64;
     let prompt: Vec<u32> = (0..plen as u64).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
@@ -259,12 +274,101 @@ fn e2e(args: &[String]) {
     for (label, ring) in
         [("resident", RingSize::Bytes(u64::MAX / 4)), ("streamed", RingSize::Slots(stream_slots))]
     {
+        if modes != "both" && modes != label {
+            continue;
+        }
         let opts = EngineOptions { max_context: plen + decode + 8, ring, ..Default::default() };
-        let (r, id) = run_vulkan(&ctx, vault, &opts, &prompt, decode, chunk);
-        println!("| vulkan | {label} | {:.1} | {:.2} | {id} |", r.prefill, r.decode);
+        let (r, id) = run_vulkan(&ctx, vault, &opts, &prompt, decode, chunk, path);
+        let p = path.map(|p| format!(" {p:?}")).unwrap_or_default();
+        println!("| vulkan{p} | {label} | {:.1} | {:.2} | {id} |", r.prefill, r.decode);
         let (r, id) = run_cpu(vault, &opts, &prompt, decode, chunk);
         println!("| cpu | {label} | {:.1} | {:.2} | {id} |", r.prefill, r.decode);
     }
+}
+
+/// Greedy run on the Vulkan backend with a given ring, block size and expert path;
+/// returns every decode step's logits.
+fn diag_run(
+    ctx: &Arc<VulkanContext>,
+    vault: &Path,
+    slots: usize,
+    chunk: usize,
+    path: ExpertPath,
+    prompt: &[u32],
+    steps: usize,
+) -> Vec<f32> {
+    let alloc = VulkanAllocator::new(ctx.clone());
+    let opts = EngineOptions { max_context: 256, ring: RingSize::Slots(slots), ..Default::default() };
+    let engine = Engine::open(vault, &opts, &alloc).expect("engine");
+    let mut fwd = VulkanForward::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("forward");
+    fwd.set_expert_path(path).expect("path");
+    let mut kv = fwd.new_kv().expect("kv");
+    let (last, body) = prompt.split_last().expect("prompt");
+    for c in body.chunks(chunk) {
+        fwd.forward(&mut kv, c, false).expect("prefill");
+    }
+    let mut out = Vec::new();
+    let mut next = *last;
+    for _ in 0..steps {
+        let l = fwd.forward(&mut kv, &[next], true).expect("fwd").expect("logits");
+        out.extend_from_slice(l);
+        next = argmax(l);
+    }
+    out
+}
+
+/// Which combinations of ring size, block size and expert path reproduce the reference
+/// (roomy ring, token-serial, blobs read in place) bit for bit.
+fn diag(args: &[String]) {
+    let vault = Path::new(&args[0]);
+    let device = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let ctx = VulkanContext::new(device).expect("device");
+    let v = smoe_actors::vault::Vault::open(vault).expect("vault");
+    let cfg = &v.manifest().model;
+    let all = v.manifest().experts.layers.len() * cfg.num_experts;
+    let vocab = cfg.vocab_size as u64;
+    let prompt: Vec<u32> = (0..20u64).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let reference = diag_run(&ctx, vault, all, 1, ExpertPath::ZeroCopy, &prompt, 8);
+    let tight = cfg.num_experts_per_tok.saturating_sub(1).max(1);
+    for (slots, chunk, path) in [
+        (all, 1, ExpertPath::Staged),
+        (tight, 1, ExpertPath::ZeroCopy),
+        (tight, 1, ExpertPath::Staged),
+        (cfg.num_experts_per_tok + 1, 1, ExpertPath::ZeroCopy),
+        (cfg.num_experts_per_tok + 1, 1, ExpertPath::Staged),
+        (all, 8, ExpertPath::StagedPrefill),
+        (all, 8, ExpertPath::ZeroCopy),
+        (tight, 8, ExpertPath::StagedPrefill),
+        (tight, 8, ExpertPath::ZeroCopy),
+        (tight, 8, ExpertPath::Staged),
+    ] {
+        let got = diag_run(&ctx, vault, slots, chunk, path, &prompt, 8);
+        let same = got.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
+        let d = got.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        println!(
+            "slots {slots:4} chunk {chunk} {path:?}: {}",
+            if same { "identical".to_string() } else { format!("DIFFERS (max {d:e})") }
+        );
+    }
+    // The CPU backend on the same prompt.
+    let opts = EngineOptions { max_context: 256, ring: RingSize::Slots(all), ..Default::default() };
+    let engine = Engine::open(vault, &opts, &HostAllocator).expect("engine");
+    let mut fwd = engine.forward(1);
+    let mut kv = KvCache::new(&engine.model);
+    let (last, body) = prompt.split_last().expect("prompt");
+    for &t in body {
+        fwd.forward(&mut kv, &[t], false).expect("prefill");
+    }
+    let mut cpu = Vec::new();
+    let mut next = *last;
+    for _ in 0..8 {
+        let l = fwd.forward(&mut kv, &[next], true).expect("fwd").expect("logits");
+        cpu.extend_from_slice(l);
+        next = argmax(l);
+    }
+    let d = cpu.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let scale = cpu.iter().map(|a| a.abs()).fold(0.0f32, f32::max);
+    println!("cpu vs vulkan reference: max |diff| {d:e} (max |logit| {scale:e})");
 }
 
 fn main() {
@@ -272,9 +376,10 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("kernels") => kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
         Some("e2e") if args.len() >= 2 => e2e(&args[1..]),
+        Some("diag") if args.len() >= 2 => diag(&args[1..]),
         _ => {
             eprintln!(
-                "usage: vulkan kernels [DEVICE] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES]"
+                "usage: vulkan kernels [DEVICE] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
             );
             std::process::exit(2);
         }
