@@ -20,8 +20,11 @@
 
 // Activations (one f32 arena, regions addressed by push-constant offsets) and the
 // host-written routing data (pair lists as uint, routing weights as float).
+// The arena is written, so it has exactly one declaration: vulkano derives the barriers
+// between dispatches from each binding's reflected accesses, and an aliased read-only
+// declaration of a written binding can hide the write from it. Read-only bindings may
+// be aliased (vector and scalar views of weights).
 layout(set = 1, binding = 0) buffer Act { float act[]; };
-layout(set = 1, binding = 0) buffer Act4 { vec4 act4[]; };
 layout(set = 1, binding = 1) readonly buffer RouteU { uint route_u[]; };
 layout(set = 1, binding = 1) readonly buffer RouteF { float route_f[]; };
 

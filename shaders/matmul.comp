@@ -88,8 +88,7 @@ void main() {
     uint nch = pc.cols / CHUNK;
     uint wbase = pc.w_off + row * pc.cols;
     uint ubase = pc.w2_off + row * pc.cols;
-    bool vec_ok = pc.cols % CHUNK == 0u && pc.w_off % CHUNK == 0u && pc.w2_off % CHUNK == 0u
-        && pc.x_off % 4u == 0u && pc.x_stride % 4u == 0u;
+    bool vec_ok = pc.cols % CHUNK == 0u && pc.w_off % CHUNK == 0u && pc.w2_off % CHUNK == 0u;
 
     for (uint t0 = 0u; t0 < pc.m; t0 += TB) {
         precise float acc[TB];
@@ -126,15 +125,8 @@ void main() {
                     }
                 }
                 for (uint i = 0u; i < TB; i++) {
-                    if (vec_ok) {
-                        for (uint q = 0u; q < CHUNK; q += 4u) {
-                            vec4 x4 = act4[(xb[i] + e + q) >> 2];
-                            xv[q] = x4.x; xv[q + 1u] = x4.y; xv[q + 2u] = x4.z; xv[q + 3u] = x4.w;
-                        }
-                    } else {
-                        for (uint q = 0u; q < CHUNK; q++) {
-                            xv[q] = act[xb[i] + e + q];
-                        }
+                    for (uint q = 0u; q < CHUNK; q++) {
+                        xv[q] = act[xb[i] + e + q];
                     }
                     for (uint q = 0u; q < CHUNK; q++) {
                         acc[i] = acc[i] + wv[q] * xv[q];

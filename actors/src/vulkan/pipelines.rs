@@ -11,7 +11,7 @@ use vulkano::descriptor_set::layout::{
 use vulkano::device::Device;
 use vulkano::pipeline::compute::ComputePipelineCreateInfo;
 use vulkano::pipeline::layout::{PipelineDescriptorSetLayoutCreateInfo, PipelineLayoutCreateInfo};
-use vulkano::pipeline::{ComputePipeline, PipelineLayout, PipelineShaderStageCreateInfo};
+use vulkano::pipeline::{ComputePipeline, Pipeline, PipelineLayout, PipelineShaderStageCreateInfo};
 use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo, ShaderStages};
 
 use super::VulkanError;
@@ -108,6 +108,17 @@ fn kernel(device: &Arc<Device>, act: &Arc<DescriptorSetLayout>, name: &str) -> R
         ComputePipelineCreateInfo::stage_layout(stage, layout.clone()),
     )
     .map_err(|e| verr(name)(&e))?;
+    // Every kernel writes the activation arena; vulkano places barriers from these
+    // reflected accesses, so a kernel whose write went unseen would race its successor.
+    let writes_act = pipeline
+        .descriptor_binding_requirements()
+        .get(&(1, 0))
+        .is_some_and(|r| r.descriptors.values().any(|d| !d.memory_write.is_empty()));
+    if !writes_act {
+        return Err(VulkanError::Vulkan(format!(
+            "checking kernel `{name}`: its write to the activation arena is not visible to barrier tracking"
+        )));
+    }
     Ok(Kernel { pipeline, layout })
 }
 
