@@ -21,6 +21,8 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Generate text from a vault.
     Generate(GenerateArgs),
+    /// Run the OpenAI-compatible HTTP daemon (see README: Serve).
+    Serve(ServeArgs),
 }
 
 /// Arguments of `convert`.
@@ -105,4 +107,63 @@ pub struct EngineArgs {
     /// Reads in flight (io_uring) or reader threads (pread).
     #[arg(long, default_value_t = 8)]
     pub queue_depth: usize,
+}
+
+/// Arguments of `serve`. Every flag overrides the config file key of the same name.
+#[derive(Args, Debug, Default)]
+pub struct ServeArgs {
+    /// TOML config file (see smoe.toml); without it, built-in defaults.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Vault to serve (default: the built-in tiny demo model).
+    #[arg(long)]
+    pub vault: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1:8080).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Model id to serve under (default: the vault directory name).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Log filter (error, warn, info, debug, trace).
+    #[arg(long)]
+    pub log_level: Option<String>,
+    /// Compute backend (cpu).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Longest sequence (prompt + completion) per session.
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Ring slots (one expert each).
+    #[arg(long, conflicts_with = "ring_bytes")]
+    pub ring_slots: Option<usize>,
+    /// Ring size in bytes.
+    #[arg(long)]
+    pub ring_bytes: Option<u64>,
+    /// I/O path: auto, io-uring or pread.
+    #[arg(long)]
+    pub io: Option<String>,
+    /// Reads in flight (io_uring) or reader threads (pread).
+    #[arg(long)]
+    pub queue_depth: Option<usize>,
+    /// Prompt tokens per layer-major prefill chunk.
+    #[arg(long)]
+    pub chunk_size: Option<usize>,
+    /// Layers of speculative expert prefetch (0: off).
+    #[arg(long)]
+    pub spec_depth: Option<usize>,
+    /// Token streams kept with their KV caches for prefix reuse.
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
+    /// Requests that may wait behind the running one (more get 429).
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Seconds in-flight requests get to finish after SIGTERM/Ctrl-C.
+    #[arg(long)]
+    pub shutdown_grace: Option<f64>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }

@@ -1,8 +1,10 @@
 //! The `smoe-pipeline` binary.
 
 mod cli;
+mod config;
 mod convert;
 mod generate;
+mod serve;
 mod tokenizer;
 
 use std::process::ExitCode;
@@ -27,15 +29,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(a) => generate::run(&a),
+        Command::Serve(a) => serve::run(&a),
     }
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // `serve` sets up logging itself, at its configured level.
+    if !matches!(cli.command, Command::Serve(_)) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
