@@ -114,12 +114,14 @@ fn plan(st: &AppState, b: &GenerationBody, endpoint: Endpoint) -> Result<Plan, A
     }
     let room = ctx - prompt.len() + 1;
     let max_tokens = match b.max_tokens()? {
-        Some(n) if n > room => return Err(ApiError::context_exceeded(format!(
+        Some(n) if n > room => {
+            return Err(ApiError::context_exceeded(format!(
             "this model's maximum context length is {ctx} tokens, but {} prompt tokens plus max_tokens {n} \
                  need {}; lower max_tokens to at most {room} or shorten the prompt",
             prompt.len(),
             prompt.len() + n - 1
-        ))),
+        )))
+        }
         Some(n) => n,
         None => st.defaults.max_tokens.min(room),
     };

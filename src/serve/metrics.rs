@@ -97,6 +97,9 @@ pub fn install() -> Result<PrometheusHandle> {
         let _ = metrics::histogram!(*name);
     }
     metrics::describe_counter!(REQUESTS, "API requests by endpoint and HTTP status");
+    for endpoint in ["/v1/chat/completions", "/v1/completions"] {
+        metrics::counter!(REQUESTS, "endpoint" => endpoint, "status" => "200").increment(0);
+    }
     Ok(handle)
 }
 

@@ -8,14 +8,14 @@ use crate::forward::KvCache;
 /// A cache that can be cut back to a prefix.
 pub trait PrefixCache {
     /// Positions held.
-    fn len(&self) -> usize;
+    fn positions(&self) -> usize;
     /// Keeps only the first `len` positions.
     fn truncate(&mut self, len: usize);
 }
 
 impl PrefixCache for KvCache {
-    fn len(&self) -> usize {
-        KvCache::len(self)
+    fn positions(&self) -> usize {
+        self.len()
     }
     fn truncate(&mut self, len: usize) {
         KvCache::truncate(self, len)
@@ -70,7 +70,7 @@ impl<C: PrefixCache> SessionStore<C> {
             .sessions
             .iter()
             .enumerate()
-            .map(|(i, s)| (common_prefix(&s.tokens, prompt).min(cap).min(s.cache.len()), s.last_used, i))
+            .map(|(i, s)| (common_prefix(&s.tokens, prompt).min(cap).min(s.cache.positions()), s.last_used, i))
             .max();
         if let Some((cached, _, i)) = best.filter(|b| b.0 > 0) {
             let mut s = self.sessions.swap_remove(i);
@@ -90,7 +90,7 @@ impl<C: PrefixCache> SessionStore<C> {
     /// Stores `cache` holding `tokens` (cut to the positions the cache holds) as the
     /// most recently used stream; an empty stream is stored as the first to recycle.
     pub fn checkin(&mut self, mut tokens: Vec<u32>, cache: C) {
-        tokens.truncate(cache.len());
+        tokens.truncate(cache.positions());
         self.clock += 1;
         let last_used = if tokens.is_empty() { 0 } else { self.clock };
         self.sessions.push(Session { tokens, cache, last_used });
@@ -118,7 +118,7 @@ mod tests {
     }
 
     impl PrefixCache for Fake {
-        fn len(&self) -> usize {
+        fn positions(&self) -> usize {
             self.len
         }
         fn truncate(&mut self, len: usize) {
