@@ -113,4 +113,21 @@ mod tests {
         let t = ChatTemplate::new(src.into(), String::new(), String::new(), "test".into()).unwrap();
         assert_eq!(t.render(&[msg("user", " a</think>\nb ")]).unwrap(), "b");
     }
+
+    #[test]
+    fn qwen3_template_renders_like_transformers() {
+        let golden: Value = serde_json::from_str(include_str!("../../tests/serve/qwen3_chat_template.json")).unwrap();
+        let src = golden["template"].as_str().unwrap().to_string();
+        let eos = golden["eos_token"].as_str().unwrap().to_string();
+        let t = ChatTemplate::new(src, String::new(), eos, "qwen3".into()).unwrap();
+        for case in golden["cases"].as_array().unwrap() {
+            let msgs: Vec<TemplateMessage> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| msg(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect();
+            assert_eq!(t.render(&msgs).unwrap(), case["rendered"].as_str().unwrap(), "{msgs:?}");
+        }
+    }
 }
