@@ -23,6 +23,61 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Run the OpenAI-compatible HTTP daemon (see README: Serve).
     Serve(ServeArgs),
+    /// Check that layer-major prefill is byte-identical to token-serial replay.
+    Verify(VerifyArgs),
+    /// Write a random-weight vault at the shape of a real model.
+    Synth(SynthArgs),
+}
+
+/// Arguments of `synth`.
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// Vault directory to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Model shape: tiny, qwen3-30b-a3b or qwen3-235b-a22b.
+    #[arg(long)]
+    pub preset: String,
+    /// Keep only the first N layers (so the vault fits the disk at hand).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Weight element type.
+    #[arg(long, value_parser = ["f32", "bf16"], default_value = "bf16")]
+    pub dtype: String,
+    /// Copy tokenizer files from this directory.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Overwrite an existing vault at --out.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Arguments of `verify`.
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// Vault directory made by `convert` or `synth`.
+    #[arg(long)]
+    pub vault: PathBuf,
+    /// Prompts to check, one per line: a JSON array of token ids, or text (tokenized
+    /// with the vault's tokenizer). Default: generated prompts of lengths 1, 2, around
+    /// each chunk boundary (c-1, c, c+1, c+2, 2c+1) and 1037 tokens.
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Chunk sizes to compare against token-serial replay.
+    #[arg(long, value_delimiter = ',', default_value = "1,7,64")]
+    pub chunk_sizes: Vec<usize>,
+    /// Greedy tokens generated and compared per prompt.
+    #[arg(long, default_value_t = 32)]
+    pub tokens: usize,
+    /// Ring slots (default: 4 GiB worth, at most every expert).
+    #[arg(long)]
+    pub ring_slots: Option<usize>,
+    /// I/O path: auto, io-uring or pread.
+    #[arg(long, default_value = "auto")]
+    pub io: smoe_actors::streamer::IoChoice,
 }
 
 /// Arguments of `convert`.
@@ -84,9 +139,12 @@ pub struct GenerateArgs {
     /// Engine and I/O settings.
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Write one JSON line per expert claim (pos, layer, expert, hit, bytes) to this file.
+    /// Write one JSON line per expert claim (pos, rows, layer, expert, hit, bytes).
     #[arg(long)]
     pub trace_out: Option<PathBuf>,
+    /// Prefill strategy.
+    #[arg(long, value_enum, default_value_t = PrefillMode::LayerMajor)]
+    pub prefill: PrefillMode,
 }
 
 /// Engine settings shared by the commands that run a model.
@@ -107,6 +165,31 @@ pub struct EngineArgs {
     /// Reads in flight (io_uring) or reader threads (pread).
     #[arg(long, default_value_t = 8)]
     pub queue_depth: usize,
+    /// Prompt tokens per layer-major prefill chunk.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub chunk_size: u32,
+    /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub spec_depth: usize,
+}
+
+/// How the prompt is run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillMode {
+    /// Chunks of --chunk-size tokens, layer by layer, each union expert read once.
+    LayerMajor,
+    /// One token at a time through the decode step (the reference replay).
+    Serial,
+}
+
+impl PrefillMode {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillMode::LayerMajor => "layer-major",
+            PrefillMode::Serial => "serial",
+        }
+    }
 }
 
 /// Arguments of `serve`. Every flag overrides the config file key of the same name.
@@ -151,7 +234,7 @@ pub struct ServeArgs {
     /// Prompt tokens per layer-major prefill chunk.
     #[arg(long)]
     pub chunk_size: Option<usize>,
-    /// Layers of speculative expert prefetch (0: off).
+    /// Gate ranks beyond top-k read speculatively during decode (0: off).
     #[arg(long)]
     pub spec_depth: Option<usize>,
     /// Token streams kept with their KV caches for prefix reuse.

@@ -48,7 +48,7 @@ pub struct Config {
     pub queue_depth: usize,
     /// Prompt tokens per layer-major prefill chunk.
     pub chunk_size: usize,
-    /// Layers of speculative expert prefetch ahead of compute (0: off).
+    /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
     pub spec_depth: usize,
     /// Stored token streams with their KV caches, for prefix reuse.
     pub max_sessions: usize,
@@ -114,16 +114,6 @@ impl Default for SamplingDefaults {
             max_tokens: 512,
         }
     }
-}
-
-/// Tuning of the prefill path, carried to the engine (layer-major prefill and
-/// speculative prefetch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PrefillTuning {
-    /// Prompt tokens per layer-major chunk.
-    pub chunk_size: usize,
-    /// Layers of speculative prefetch (0: off).
-    pub spec_depth: usize,
 }
 
 impl Config {
@@ -282,11 +272,6 @@ impl Config {
             ring,
             streamer: StreamerOptions { io: self.io_choice()?, queue_depth: self.queue_depth, fault: None },
         })
-    }
-
-    /// Prefill tuning for the engine.
-    pub fn prefill_tuning(&self) -> PrefillTuning {
-        PrefillTuning { chunk_size: self.chunk_size, spec_depth: self.spec_depth }
     }
 
     /// Sampling parameters for a request that set none, before per-request overrides.

@@ -14,7 +14,7 @@ use smoe_actors::ring::slots::STATE_NAMES;
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::StreamerOptions;
 
-use crate::cli::{EngineArgs, GenerateArgs};
+use crate::cli::{EngineArgs, GenerateArgs, PrefillMode};
 
 /// Engine options from the command line.
 pub fn engine_options(a: &EngineArgs) -> EngineOptions {
@@ -67,9 +67,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         max_tokens: args.max_tokens,
         sampling,
         ignore_eos: args.ignore_eos,
+        spec_depth: args.engine.spec_depth,
     };
 
-    let mut fwd = engine.forward(1);
+    let rows = match args.prefill {
+        PrefillMode::LayerMajor => args.engine.chunk_size as usize,
+        PrefillMode::Serial => 1,
+    };
+    let mut fwd = engine.forward(rows);
     if args.trace_out.is_some() {
         fwd.enable_trace();
     }
@@ -107,6 +112,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         write_trace(path, &fwd.take_trace())?;
     }
     let ring = engine.ring.stats();
+    let all: Vec<usize> = stats.prefill_unions.iter().flatten().copied().collect();
+    let union_mean = if all.is_empty() { 0.0 } else { all.iter().sum::<usize>() as f64 / all.len() as f64 };
+    let union_max = all.iter().copied().max().unwrap_or(0);
     let slot_states: serde_json::Map<String, serde_json::Value> =
         STATE_NAMES.iter().zip(ring.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
     let text = match &detok {
@@ -122,8 +130,23 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             "stats": {
                 "ttft_ms": stats.ttft.as_secs_f64() * 1e3,
                 "prefill_tokens": stats.prefill_tokens,
+                "prefill_tok_s": stats.prefill_tok_s(),
+                "prefill_mode": args.prefill.name(),
+                "chunk_size": rows,
+                "prefill_blob_reads": stats.prefill_claims.misses,
+                "prefill_bytes_read": stats.prefill_claims.bytes,
+                "prefill_ring_hits": stats.prefill_claims.hits,
+                "prefill_unions": stats.prefill_unions,
+                "union_mean": union_mean,
+                "union_max": union_max,
                 "decode_tokens": stats.decode_tokens(),
                 "decode_tok_s": stats.decode_tok_s(),
+                "decode_blob_reads": stats.decode_claims.misses,
+                "decode_bytes_read": stats.decode_claims.bytes,
+                "spec_depth": args.engine.spec_depth,
+                "bets_issued": ring.bets_issued,
+                "bets_used": ring.bets_used,
+                "bet_bytes": ring.bet_bytes,
                 "bytes_read": ring.bytes_read,
                 "blob_reads": ring.blob_reads,
                 "ring_hits": ring.hits,

@@ -5,7 +5,10 @@ mod config;
 mod convert;
 mod generate;
 mod serve;
+mod synth;
 mod tokenizer;
+mod vault_writer;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -30,6 +33,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Generate(a) => generate::run(&a),
         Command::Serve(a) => serve::run(&a),
+        Command::Verify(a) => verify::run(&a),
+        Command::Synth(a) => {
+            let opts = synth::SynthOptions {
+                out: a.out,
+                preset: a.preset,
+                layers: a.layers,
+                seed: a.seed,
+                dtype: smoe_actors::vault::parse_dtype(&a.dtype).unwrap_or(smoe_proto::DType::Bf16),
+                tokenizer: a.tokenizer,
+                force: a.force,
+            };
+            let m = synth::synth(&opts)?;
+            eprintln!(
+                "wrote synthetic vault {} ({} layers, {} experts of {} bytes each)",
+                opts.out.display(),
+                m.model.num_hidden_layers,
+                m.experts.layers.len() * m.model.num_experts,
+                m.experts.layout.blob_len
+            );
+            Ok(())
+        }
     }
 }
 

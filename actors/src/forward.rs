@@ -74,13 +74,29 @@ impl KvCache {
     }
 }
 
-/// What one MoE layer of one forward call routed.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LayerRouting {
-    /// Decoder layer.
-    pub layer: usize,
-    /// Distinct experts the block's tokens were routed to, in first-use order.
-    pub union: Vec<u16>,
+/// Cumulative expert-claim accounting of one forward pass object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ClaimTally {
+    /// Expert claims made.
+    pub claims: u64,
+    /// Claims that needed no read.
+    pub hits: u64,
+    /// Claims that needed a demand read.
+    pub misses: u64,
+    /// Bytes read on behalf of claims.
+    pub bytes: u64,
+}
+
+impl ClaimTally {
+    /// The change from `earlier` to `self`.
+    pub fn since(&self, earlier: &ClaimTally) -> ClaimTally {
+        ClaimTally {
+            claims: self.claims - earlier.claims,
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            bytes: self.bytes - earlier.bytes,
+        }
+    }
 }
 
 /// One expert claim, as recorded by `--trace-out`.
@@ -112,6 +128,7 @@ struct Scratch {
     scores: Vec<f32>,
     router: Vec<f32>,
     topk_e: Vec<u16>,
+    ranked: Vec<u16>,
     topk_w: Vec<f32>,
     in_union: Vec<bool>,
     union: Vec<u16>,
@@ -130,8 +147,10 @@ pub struct Forward {
     experts: Arc<dyn ExpertSource>,
     max_rows: usize,
     s: Scratch,
-    routing: Vec<LayerRouting>,
+    union_sizes: Vec<usize>,
+    tally: ClaimTally,
     trace: Option<Vec<ClaimEvent>>,
+    spec_depth: usize,
 }
 
 impl Forward {
@@ -152,6 +171,7 @@ impl Forward {
             scores: vec![0.0; c.num_attention_heads * model.max_context],
             router: vec![0.0; m * c.num_experts],
             topk_e: vec![0; m * k],
+            ranked: vec![0; c.num_experts],
             topk_w: vec![0.0; m * k],
             in_union: vec![false; c.num_experts],
             union: Vec::with_capacity(c.num_experts),
@@ -163,8 +183,17 @@ impl Forward {
             yk: vec![0.0; m * k * c.hidden_size],
             logits: vec![0.0; c.vocab_size],
         };
-        let routing = Vec::with_capacity(c.num_hidden_layers);
-        Forward { model, experts, max_rows: m, s, routing, trace: None }
+        let union_sizes = vec![0; c.num_hidden_layers];
+        Forward {
+            model,
+            experts,
+            max_rows: m,
+            s,
+            union_sizes,
+            tally: ClaimTally::default(),
+            trace: None,
+            spec_depth: 0,
+        }
     }
 
     /// The model this pass runs.
@@ -187,9 +216,21 @@ impl Forward {
         self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Routing of each MoE layer during the last call.
-    pub fn last_routing(&self) -> &[LayerRouting] {
-        &self.routing
+    /// For each decoder layer, how many distinct experts the last call's tokens were
+    /// routed to (0 for dense layers).
+    pub fn last_union_sizes(&self) -> &[usize] {
+        &self.union_sizes
+    }
+
+    /// Claim accounting since this pass was created.
+    pub fn tally(&self) -> ClaimTally {
+        self.tally
+    }
+
+    /// Sets how many gate ranks beyond top-k a single-token (decode) step queues as
+    /// speculative prefetches for the next token (0 disables).
+    pub fn set_spec_depth(&mut self, depth: usize) {
+        self.spec_depth = depth;
     }
 
     /// Runs `tokens` (at positions `kv.len()..`) through every layer, appending their
@@ -216,7 +257,7 @@ impl Forward {
         for (t, &tok) in tokens.iter().enumerate() {
             embed.row_to_f32(tok as usize, &mut self.s.x[t * h..(t + 1) * h]);
         }
-        self.routing.clear();
+        self.union_sizes.fill(0);
         for (l, layer) in model.layers.iter().enumerate() {
             self.attention(&model, l, layer, kv, start, m);
             match &layer.ffn {
@@ -362,14 +403,21 @@ impl Forward {
         // refusal (ring full), so claims in union order can never wait on a slot that a
         // later announcement pins.
         let mut announced = 0usize;
+        // A single decode token also ranks `spec_depth` experts beyond its top-k: they
+        // are queued as low-priority bets for the next token once this layer is done.
+        let bets = if m == 1 { self.spec_depth.min(ne - k) } else { 0 };
         for t in 0..m {
+            let ranked = if bets > 0 { &mut s.ranked[..k + bets] } else { &mut s.topk_e[t * k..(t + 1) * k] };
             route(
                 &mut s.router[t * ne..(t + 1) * ne],
                 k,
                 cfg.norm_topk_prob,
-                &mut s.topk_e[t * k..(t + 1) * k],
+                ranked,
                 &mut s.topk_w[t * k..(t + 1) * k],
             );
+            if bets > 0 {
+                s.topk_e[..k].copy_from_slice(&s.ranked[..k]);
+            }
             for &e in &s.topk_e[t * k..(t + 1) * k] {
                 if !s.in_union[e as usize] {
                     s.in_union[e as usize] = true;
@@ -404,8 +452,15 @@ impl Forward {
                     return Err(err);
                 }
             };
+            let info = blob.info();
+            self.tally.claims += 1;
+            self.tally.bytes += info.bytes;
+            if info.hit {
+                self.tally.hits += 1;
+            } else {
+                self.tally.misses += 1;
+            }
             if let Some(trace) = self.trace.as_mut() {
-                let info = blob.info();
                 trace.push(ClaimEvent {
                     pos: start,
                     rows: m,
@@ -456,7 +511,13 @@ impl Forward {
                 *xv += a;
             }
         }
-        self.routing.push(LayerRouting { layer: l, union: s.union.clone() });
+        for &e in &s.ranked[k..k + bets] {
+            self.experts.prefetch(ExpertKey::new(l, e as usize));
+        }
+        self.union_sizes[l] = s.union.len();
+        if m > 1 {
+            metrics::histogram!("smoe_union_size").record(s.union.len() as f64);
+        }
         Ok(())
     }
 }

@@ -1,9 +1,15 @@
-//! One generation request end to end: prefill the prompt, then decode token by token,
-//! sampling each next token and handing it (with its logits) to the caller.
+//! One generation request end to end: prefill the prompt layer-major in chunks, then
+//! decode token by token, sampling each next token and handing it (with its logits)
+//! to the caller.
+//!
+//! Prefill runs every prompt token except the last through [`Forward::forward`] in
+//! blocks of up to `max_rows` tokens (the chunk size; 1 is token-serial replay). The
+//! last prompt token goes through the ordinary decode step, so the LM head and the
+//! sampler run only where a token is emitted.
 
 use std::time::{Duration, Instant};
 
-use crate::forward::{Forward, ForwardError, KvCache};
+use crate::forward::{ClaimTally, Forward, ForwardError, KvCache};
 use crate::sampler::{Sampler, SamplingParams};
 
 /// What to generate.
@@ -17,6 +23,8 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Keep generating past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Gate ranks beyond top-k queued as speculative prefetches during decode.
+    pub spec_depth: usize,
 }
 
 /// Why generation stopped.
@@ -33,14 +41,22 @@ pub enum FinishReason {
 /// Timings and counts of one request.
 #[derive(Clone, Debug, Default)]
 pub struct GenerateStats {
-    /// Prompt tokens run through the model.
+    /// Prompt tokens run through the model (the part not already in the KV cache).
     pub prefill_tokens: usize,
     /// Tokens generated.
     pub generated_tokens: usize,
     /// Time from the start until the first token was sampled.
     pub ttft: Duration,
+    /// Time spent on the prompt tokens before the last one (the layer-major part).
+    pub prefill_time: Duration,
     /// Time spent after the first token.
     pub decode_time: Duration,
+    /// Expert claims during prefill (all prompt tokens but the last).
+    pub prefill_claims: ClaimTally,
+    /// Expert claims from the last prompt token on.
+    pub decode_claims: ClaimTally,
+    /// For each prefill chunk, the union size of every MoE layer (in layer order).
+    pub prefill_unions: Vec<Vec<usize>>,
 }
 
 impl GenerateStats {
@@ -51,20 +67,28 @@ impl GenerateStats {
 
     /// Decode throughput in tokens per second.
     pub fn decode_tok_s(&self) -> f64 {
-        let s = self.decode_time.as_secs_f64();
-        if s > 0.0 {
-            self.decode_tokens() as f64 / s
-        } else {
-            0.0
-        }
+        rate(self.decode_tokens(), self.decode_time)
+    }
+
+    /// Prompt throughput in tokens per second, up to the first token.
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prefill_tokens, self.ttft)
+    }
+}
+
+fn rate(n: usize, t: Duration) -> f64 {
+    if t.is_zero() {
+        0.0
+    } else {
+        n as f64 / t.as_secs_f64()
     }
 }
 
 /// Runs `req`. `kv` may already hold a prefix of `req.prompt` (prefix reuse: its
 /// positions must be exactly `prompt[..kv.len()]`, and `kv.len() < prompt.len()`); only
-/// the rest of the prompt is prefilled. `on_token(id, logits)` is called for every
-/// generated token, with the logits that produced it; returning `false` stops
-/// generation.
+/// the rest of the prompt is prefilled, in chunks of `fwd.max_rows()` tokens.
+/// `on_token(id, logits)` is called for every generated token, with the logits that
+/// produced it; returning `false` stops generation.
 pub fn generate(
     fwd: &mut Forward,
     kv: &mut KvCache,
@@ -82,13 +106,23 @@ pub fn generate(
         return Err(ForwardError::ContextFull { needed, max: fwd.model().max_context });
     }
     let eos = fwd.model().cfg.eos_token_ids.clone();
+    let moe_layers = fwd.model().cfg.moe_layers();
     let mut sampler = Sampler::new(req.sampling.clone(), vocab);
     let mut history = req.prompt.clone();
     let mut stats = GenerateStats { prefill_tokens: req.prompt.len() - kv.len(), ..Default::default() };
     let (last, body) = req.prompt.split_last().expect("non-empty prompt");
-    for &t in &body[kv.len()..] {
-        fwd.forward(kv, &[t], false)?;
+    let before = fwd.tally();
+    fwd.set_spec_depth(0);
+    let chunk = fwd.max_rows();
+    for block in body[kv.len()..].chunks(chunk) {
+        fwd.forward(kv, block, false)?;
+        let sizes = fwd.last_union_sizes();
+        stats.prefill_unions.push(moe_layers.iter().map(|&l| sizes[l]).collect());
     }
+    stats.prefill_time = start.elapsed();
+    let decode_start = fwd.tally();
+    stats.prefill_claims = decode_start.since(&before);
+    fwd.set_spec_depth(req.spec_depth);
     let mut next = *last;
     let mut first_at = None;
     let reason = loop {
@@ -111,6 +145,8 @@ pub fn generate(
         }
         next = tok;
     };
+    fwd.set_spec_depth(0);
     stats.decode_time = first_at.map(|t| t.elapsed()).unwrap_or_default();
+    stats.decode_claims = fwd.tally().since(&decode_start);
     Ok((reason, stats))
 }

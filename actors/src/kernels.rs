@@ -27,9 +27,100 @@ fn combine(acc: [f32; LANES]) -> f32 {
     a[0]
 }
 
-/// Dot product of an f32 row with `x`, in the fixed lane order.
+/// Whether the running CPU has AVX2 (checked once, cached by the standard library).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn has_avx2() -> bool {
+    std::is_x86_feature_detected!("avx2")
+}
+
+/// Dot product of an f32 row with `x`, in the fixed lane order. On CPUs with AVX2 the
+/// same code is compiled 8 lanes wide; the per-lane arithmetic and the combination
+/// order are unchanged (Rust never contracts to FMA), so results are bitwise equal.
 #[inline]
 pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 is present.
+        return unsafe { dot_f32_avx2(w, x) };
+    }
+    dot_f32_lanes(w, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_f32_avx2(w: &[f32], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = w.len() / LANES * LANES;
+    // Lanes 0..8 and 8..16 of the 16-lane accumulator, multiply then add (no FMA).
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let mut i = 0;
+    while i < n {
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i))));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(wp.add(i + 8)), _mm256_loadu_ps(xp.add(i + 8))));
+        i += LANES;
+    }
+    finish_avx2(a0, a1, w[n..].iter().zip(&x[n..]).map(|(a, b)| a * b))
+}
+
+/// Combines the two 8-lane halves in the fixed tree of [`combine`], then adds the
+/// tail products in order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn finish_avx2(
+    a0: std::arch::x86_64::__m256,
+    a1: std::arch::x86_64::__m256,
+    tail: impl Iterator<Item = f32>,
+) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    std::arch::x86_64::_mm256_storeu_ps(acc.as_mut_ptr(), a0);
+    std::arch::x86_64::_mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
+    let mut s = combine(acc);
+    for p in tail {
+        s += p;
+    }
+    s
+}
+
+/// Dot product of a bf16 row with `x`, widening each weight exactly to f32 first; the
+/// same lane order as [`dot_f32`].
+#[inline]
+pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 is present.
+        return unsafe { dot_bf16_avx2(w, x) };
+    }
+    dot_bf16_lanes(w, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_bf16_avx2(w: &[u16], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = w.len() / LANES * LANES;
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let mut i = 0;
+    while i < n {
+        // Widen 16 bf16 weights exactly: zero-extend to 32 bits, shift into the high half.
+        let wv = _mm256_loadu_si256(wp.add(i) as *const __m256i);
+        let lo =
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(wv)), 16));
+        let hi = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm256_extracti128_si256(wv, 1)),
+            16,
+        ));
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(lo, _mm256_loadu_ps(xp.add(i))));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(hi, _mm256_loadu_ps(xp.add(i + 8))));
+        i += LANES;
+    }
+    finish_avx2(a0, a1, w[n..].iter().zip(&x[n..]).map(|(a, b)| bf16_to_f32(*a) * b))
+}
+
+#[inline(always)]
+fn dot_f32_lanes(w: &[f32], x: &[f32]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut acc = [0.0f32; LANES];
     let wc = w.chunks_exact(LANES);
@@ -47,10 +138,8 @@ pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     s
 }
 
-/// Dot product of a bf16 row with `x`, widening each weight exactly to f32 first; the
-/// same lane order as [`dot_f32`].
-#[inline]
-pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+#[inline(always)]
+fn dot_bf16_lanes(w: &[u16], x: &[f32]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut acc = [0.0f32; LANES];
     let wc = w.chunks_exact(LANES);
@@ -212,6 +301,18 @@ mod tests {
                     assert_eq!(a, b, "rows {rows} cols {cols} m {m} token {t}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn vector_width_does_not_change_dot_products() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for n in [1, 7, 16, 33, 511, 2048, 3001] {
+            let a = rand_vec(&mut rng, n);
+            let b = rand_vec(&mut rng, n);
+            let ab: Vec<u16> = a.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            assert_eq!(dot_f32(&a, &b).to_bits(), dot_f32_lanes(&a, &b).to_bits(), "n={n}");
+            assert_eq!(dot_bf16(&ab, &b).to_bits(), dot_bf16_lanes(&ab, &b).to_bits(), "n={n}");
         }
     }
 

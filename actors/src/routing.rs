@@ -4,13 +4,15 @@
 
 use crate::kernels::softmax_inplace;
 
-/// Chooses the top `k` experts from router `logits` (overwritten with the softmax
-/// probabilities). Experts are ordered by descending probability; equal probabilities
-/// are broken by the lower expert index. Writes `k` experts and weights.
+/// Ranks experts from router `logits` (overwritten with the softmax probabilities):
+/// fills all of `experts` (at least `k` long) in descending probability, equal
+/// probabilities broken by the lower expert index. The first `k` are the routed
+/// experts, whose weights go to `weights` (renormalised when `norm_topk_prob`); any
+/// further ranks are candidates for speculative prefetch.
 pub fn route(logits: &mut [f32], k: usize, norm_topk_prob: bool, experts: &mut [u16], weights: &mut [f32]) {
     softmax_inplace(logits);
     // Selection by repeated scans keeps the order defined without allocating; k is small.
-    for slot in 0..k {
+    for slot in 0..experts.len() {
         let mut best: Option<usize> = None;
         for (e, &p) in logits.iter().enumerate() {
             if experts[..slot].contains(&(e as u16)) {
@@ -23,7 +25,9 @@ pub fn route(logits: &mut [f32], k: usize, norm_topk_prob: bool, experts: &mut [
         }
         let b = best.expect("k <= number of experts");
         experts[slot] = b as u16;
-        weights[slot] = logits[b];
+        if slot < k {
+            weights[slot] = logits[b];
+        }
     }
     if norm_topk_prob {
         let sum: f32 = weights[..k].iter().sum();

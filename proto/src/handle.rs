@@ -115,6 +115,10 @@ pub trait ExpertSource: Send + Sync {
         false
     }
 
+    /// Queues a low-priority speculative read of `key` (a bet that the next token will
+    /// need it). Never delays demand reads and never changes what `claim` returns.
+    fn prefetch(&self, _key: ExpertKey) {}
+
     /// Gives back the reference of an announced expert that will not be claimed (for
     /// example when the computation failed part-way).
     fn withdraw(&self, _key: ExpertKey) {}

@@ -116,7 +116,8 @@ mod tests {
 
     #[test]
     fn qwen3_template_renders_like_transformers() {
-        let golden: Value = serde_json::from_str(include_str!("../../tests/serve/qwen3_chat_template.json")).unwrap();
+        let golden: Value =
+            serde_json::from_str(include_str!("../../tests/serve/qwen3_chat_template.json")).unwrap();
         let src = golden["template"].as_str().unwrap().to_string();
         let eos = golden["eos_token"].as_str().unwrap().to_string();
         let t = ChatTemplate::new(src, String::new(), eos, "qwen3".into()).unwrap();

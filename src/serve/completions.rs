@@ -158,7 +158,13 @@ fn plan(st: &AppState, b: &GenerationBody, endpoint: Endpoint) -> Result<Plan, A
         ApiError::invalid(&param, m)
     })?;
     Ok(Plan {
-        request: GenerateRequest { prompt, max_tokens, sampling, ignore_eos: b.ignore_eos.unwrap_or(false) },
+        request: GenerateRequest {
+            prompt,
+            max_tokens,
+            sampling,
+            ignore_eos: b.ignore_eos.unwrap_or(false),
+            spec_depth: st.defaults.spec_depth,
+        },
         stops: b.stops()?,
         stream: b.stream.unwrap_or(false),
         include_usage: b.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),

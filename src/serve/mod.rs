@@ -80,7 +80,6 @@ async fn serve(config: Config) -> Result<()> {
     }
     let tok = tokenizer::load(&vault).context("serve needs the vault's tokenizer")?;
     let template = chat_template::ChatTemplate::load(&vault)?;
-    let tuning = config.prefill_tuning();
     let cfg = &engine.model.cfg;
     tracing::info!(
         "vault {}: {} layers, {} experts ({} per token), vocabulary {}, ring {} slots, io {}, max_context {}, \
@@ -93,8 +92,8 @@ async fn serve(config: Config) -> Result<()> {
         engine.ring.n_slots(),
         engine.ring.io_mode().name(),
         engine.model.max_context,
-        tuning.chunk_size,
-        tuning.spec_depth,
+        config.chunk_size,
+        config.spec_depth,
         template.origin
     );
     let id = match (&config.model_name, demo) {
@@ -114,7 +113,7 @@ async fn serve(config: Config) -> Result<()> {
         description: demo.then(|| demo::LABEL.to_string()),
     };
     let scheduler = Scheduler::spawn((
-        engine.forward(1),
+        engine.forward(config.chunk_size),
         SchedulerOptions { max_queue: config.max_queue, max_sessions: config.max_sessions },
     ));
     let st = Arc::new(AppState {
@@ -126,6 +125,7 @@ async fn serve(config: Config) -> Result<()> {
             sampling: config.default_sampling(),
             fixed_seed: config.sampling.seed.is_some(),
             max_tokens: config.sampling.max_tokens,
+            spec_depth: config.spec_depth,
         },
         api_key: config.api_key.clone(),
         metrics: metrics.clone(),

@@ -33,6 +33,8 @@ pub struct RequestDefaults {
     pub fixed_seed: bool,
     /// Completion length.
     pub max_tokens: usize,
+    /// Speculative prefetch depth during decode.
+    pub spec_depth: usize,
 }
 
 /// Shared state of the HTTP server.

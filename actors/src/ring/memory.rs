@@ -2,8 +2,6 @@
 //! backend so that slots live where the backend can read them without a copy (plain
 //! aligned memory for the CPU backend; host-visible buffers for a GPU backend).
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
-
 /// Alignment of every slot (O_DIRECT needs at least the logical block size).
 pub const SLOT_ALIGN: usize = smoe_proto::BLOB_ALIGN as usize;
 
@@ -27,12 +25,14 @@ pub trait SlotAllocator: Send + Sync {
     fn allocate(&self, n_slots: usize, slot_bytes: usize) -> std::io::Result<Box<dyn SlotArena>>;
 }
 
-/// Plain page-aligned host memory for the CPU backend.
+/// Plain host memory for the CPU backend: an anonymous mapping, so pages are zeroed
+/// lazily by the kernel instead of being written at start-up.
 pub struct HostAllocator;
 
 struct HostArena {
+    map: *mut u8,
+    map_len: usize,
     ptr: *mut u8,
-    layout: Layout,
     slot_bytes: usize,
     n_slots: usize,
 }
@@ -42,8 +42,8 @@ struct HostArena {
 unsafe impl Send for HostArena {}
 unsafe impl Sync for HostArena {}
 
-// SAFETY: `ptr` is a live allocation of `layout.size() >= n_slots * slot_bytes` bytes
-// until drop.
+// SAFETY: `ptr` lies in a live mapping with at least `n_slots * slot_bytes` bytes after
+// it, until drop.
 unsafe impl SlotArena for HostArena {
     fn base(&self) -> *mut u8 {
         self.ptr
@@ -58,8 +58,8 @@ unsafe impl SlotArena for HostArena {
 
 impl Drop for HostArena {
     fn drop(&mut self) {
-        // SAFETY: allocated in `HostAllocator::allocate` with this layout.
-        unsafe { dealloc(self.ptr, self.layout) }
+        // SAFETY: mapped in `HostAllocator::allocate` with this length.
+        unsafe { libc::munmap(self.map.cast(), self.map_len) };
     }
 }
 
@@ -67,12 +67,23 @@ impl SlotAllocator for HostAllocator {
     fn allocate(&self, n_slots: usize, slot_bytes: usize) -> std::io::Result<Box<dyn SlotArena>> {
         let oom = || std::io::Error::new(std::io::ErrorKind::OutOfMemory, "cannot allocate the ring's slots");
         let size = n_slots.checked_mul(slot_bytes).filter(|&s| s > 0).ok_or_else(oom)?;
-        let layout = Layout::from_size_align(size, SLOT_ALIGN).map_err(|_| oom())?;
-        // SAFETY: size is non-zero.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(oom());
+        let map_len = size.checked_add(SLOT_ALIGN).ok_or_else(oom)?;
+        // SAFETY: a fresh private anonymous mapping; checked for failure below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
         }
-        Ok(Box::new(HostArena { ptr, layout, slot_bytes, n_slots }))
+        let map = map.cast::<u8>();
+        let ptr = map.wrapping_add(map.align_offset(SLOT_ALIGN));
+        Ok(Box::new(HostArena { map, map_len, ptr, slot_bytes, n_slots }))
     }
 }

@@ -362,10 +362,54 @@ impl RingCache {
         }
     }
 
+    /// Checks the ring's structural invariants: every identified slot is the one its
+    /// key maps to, no key maps to a slot with another identity (so no expert is in two
+    /// slots and no slot has two identities), and, when `idle` (no handle or
+    /// announcement alive), no references are held (reads may still be in flight).
+    /// Returns a description of the first violation.
+    pub fn check_invariants(&self, idle: bool) -> Result<(), String> {
+        let sh = &self.shared;
+        let _g = sh.lock_alloc();
+        for (i, s) in sh.slots.iter().enumerate() {
+            let key = s.key.load(Ordering::Acquire);
+            let state = s.state.load(Ordering::Acquire);
+            if key == NO_KEY {
+                if state != EMPTY {
+                    return Err(format!(
+                        "slot {i} has no identity but state {}",
+                        STATE_NAMES[state as usize]
+                    ));
+                }
+                continue;
+            }
+            let mapped = sh.lookup[sh.index(unpack(key))].load(Ordering::Acquire);
+            if mapped != i as u32 {
+                return Err(format!(
+                    "slot {i} holds {} but the lookup maps it to slot {mapped}",
+                    unpack(key)
+                ));
+            }
+            if idle && (s.refs.load(Ordering::Acquire) != 0 || s.pins.load(Ordering::Acquire) != 0) {
+                return Err(format!("slot {i} still referenced while idle"));
+            }
+        }
+        for (k, l) in sh.lookup.iter().enumerate() {
+            let idx = l.load(Ordering::Acquire);
+            if idx == NO_SLOT {
+                continue;
+            }
+            let key = sh.slots[idx as usize].key.load(Ordering::Acquire);
+            if key == NO_KEY || sh.index(unpack(key)) != k {
+                return Err(format!("lookup entry {k} points at slot {idx}, which holds another expert"));
+            }
+        }
+        Ok(())
+    }
+
     /// Queues a low-priority read of `key` as a bet on the next token. Never evicts a
     /// referenced or loading slot and never reads an expert that is already present or
     /// on its way; returns whether a read was issued.
-    pub fn prefetch(&self, key: ExpertKey) -> bool {
+    pub fn bet(&self, key: ExpertKey) -> bool {
         let sh = &self.shared;
         if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
             return false;
@@ -471,6 +515,10 @@ impl ExpertSource for RingCache {
             }
             None => false,
         }
+    }
+
+    fn prefetch(&self, key: ExpertKey) {
+        self.bet(key);
     }
 
     fn withdraw(&self, key: ExpertKey) {

@@ -70,7 +70,9 @@ impl<C: PrefixCache> SessionStore<C> {
             .sessions
             .iter()
             .enumerate()
-            .map(|(i, s)| (common_prefix(&s.tokens, prompt).min(cap).min(s.cache.positions()), s.last_used, i))
+            .map(|(i, s)| {
+                (common_prefix(&s.tokens, prompt).min(cap).min(s.cache.positions()), s.last_used, i)
+            })
             .max();
         if let Some((cached, _, i)) = best.filter(|b| b.0 > 0) {
             let mut s = self.sessions.swap_remove(i);

@@ -1,0 +1,251 @@
+//! Writing a vault: the resident tensor file, one file of 16 KiB-aligned expert blobs
+//! per MoE layer, the tokenizer files, and the manifest (last, so an interrupted write
+//! leaves no manifest and is rejected on open). Tensor bytes come from a
+//! [`TensorSource`] in bounded chunks: a checkpoint being converted, or the random
+//! generator of `synth`.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use smoe_proto::{
+    align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig, ResidentIndex,
+    TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
+};
+
+/// Name of the resident tensor file inside a vault.
+pub const RESIDENT_FILE: &str = "resident.bin";
+
+/// Tokenizer and generation files copied into the vault when present.
+pub const TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+];
+
+/// Where tensor data comes from.
+pub trait TensorSource {
+    /// Streams tensor `name` (which must have `shape`) converted to `to`, handing the
+    /// bytes to `emit` in chunks of bounded size.
+    fn stream(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        to: DType,
+        emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()>;
+}
+
+/// Writes bytes while tracking the file offset and a progress bar.
+struct Sink<'a> {
+    w: BufWriter<File>,
+    path: PathBuf,
+    pos: u64,
+    bar: &'a ProgressBar,
+}
+
+impl<'a> Sink<'a> {
+    fn create(path: PathBuf, bar: &'a ProgressBar) -> Result<Sink<'a>> {
+        let f = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(Sink { w: BufWriter::with_capacity(1 << 22, f), path, pos: 0, bar })
+    }
+
+    fn write(&mut self, b: &[u8]) -> Result<()> {
+        self.w.write_all(b).with_context(|| format!("cannot write {}", self.path.display()))?;
+        self.pos += b.len() as u64;
+        self.bar.inc(b.len() as u64);
+        Ok(())
+    }
+
+    fn pad_to(&mut self, align: u64) -> Result<()> {
+        let zeros = vec![0u8; (align_up(self.pos, align) - self.pos) as usize];
+        self.write(&zeros)
+    }
+
+    fn finish(mut self) -> Result<u64> {
+        self.w.flush().with_context(|| format!("cannot write {}", self.path.display()))?;
+        Ok(self.pos)
+    }
+
+    /// Streams one tensor from `src`; returns the crc32c of its bytes, continued from `crc`.
+    fn tensor(
+        &mut self,
+        src: &mut dyn TensorSource,
+        name: &str,
+        shape: &[usize],
+        to: DType,
+        crc: u32,
+    ) -> Result<u32> {
+        let mut crc = crc;
+        src.stream(name, shape, to, &mut |b| {
+            crc = crc32c::crc32c_append(crc, b);
+            self.write(b)
+        })?;
+        Ok(crc)
+    }
+}
+
+/// Names and shapes of every resident tensor the model needs, in file order.
+pub fn resident_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        v.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        v.push((format!("{p}.self_attn.q_proj.weight"), vec![cfg.q_dim(), h]));
+        v.push((format!("{p}.self_attn.k_proj.weight"), vec![cfg.kv_dim(), h]));
+        v.push((format!("{p}.self_attn.v_proj.weight"), vec![cfg.kv_dim(), h]));
+        v.push((format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_dim()]));
+        v.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
+        v.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
+        v.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        if cfg.is_moe_layer(l) {
+            v.push((format!("{p}.mlp.gate.weight"), vec![cfg.num_experts, h]));
+        } else {
+            let i = cfg.intermediate_size;
+            v.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+            v.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+            v.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        }
+    }
+    v.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
+    }
+    v
+}
+
+/// File name of a layer's expert blobs inside a vault.
+pub fn expert_file_name(layer: usize) -> String {
+    format!("experts/layer_{layer:03}.bin")
+}
+
+/// Element type a resident tensor is stored in: norms (1-D) always f32.
+fn resident_dtype(shape: &[usize], dtype: DType) -> DType {
+    if shape.len() == 1 {
+        DType::F32
+    } else {
+        dtype
+    }
+}
+
+/// Bytes the vault's data files will hold (for the progress bar).
+fn total_bytes(cfg: &ModelConfig, layout: &ExpertLayout, dtype: DType) -> u64 {
+    let resident: usize = resident_tensors(cfg)
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() * resident_dtype(s, dtype).size())
+        .sum();
+    resident as u64 + (cfg.moe_layers().len() * cfg.num_experts) as u64 * layout.blob_stride
+}
+
+/// What to write.
+pub struct VaultSpec<'a> {
+    /// Vault directory.
+    pub out: &'a Path,
+    /// The model.
+    pub cfg: &'a ModelConfig,
+    /// Element type of weight matrices.
+    pub dtype: DType,
+    /// Overwrite an existing vault.
+    pub force: bool,
+    /// Directory to copy tokenizer files from.
+    pub tokenizer_dir: Option<&'a Path>,
+    /// Progress bar label.
+    pub label: &'a str,
+}
+
+/// Writes a complete vault from `src`; returns its manifest.
+pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<Manifest> {
+    let (cfg, dtype) = (spec.cfg, spec.dtype);
+    prepare_out_dir(spec.out, spec.force)?;
+    let layout = ExpertLayout::new(dtype, cfg.hidden_size, cfg.moe_intermediate_size);
+    let bar = ProgressBar::new(total_bytes(cfg, &layout, dtype)).with_message(spec.label.to_string());
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+
+    let mut sink = Sink::create(spec.out.join(RESIDENT_FILE), &bar)?;
+    let mut tensors = Vec::new();
+    for (name, shape) in resident_tensors(cfg) {
+        sink.pad_to(64)?;
+        let offset = sink.pos;
+        let to = resident_dtype(&shape, dtype);
+        let crc32c = sink.tensor(src, &name, &shape, to, 0)?;
+        tensors.push(TensorEntry { name, dtype: to, shape, offset, len: sink.pos - offset, crc32c });
+    }
+    sink.pad_to(64)?;
+    let resident = ResidentIndex { file: RESIDENT_FILE.into(), file_len: sink.finish()?, tensors };
+
+    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    let mut layers = Vec::new();
+    for l in cfg.moe_layers() {
+        let file = expert_file_name(l);
+        let mut sink = Sink::create(spec.out.join(&file), &bar)?;
+        let mut blobs = Vec::with_capacity(cfg.num_experts);
+        for e in 0..cfg.num_experts {
+            let offset = sink.pos;
+            let p = format!("model.layers.{l}.mlp.experts.{e}");
+            let mut crc = 0u32;
+            let parts = [
+                ("gate_proj", [i, h], layout.gate),
+                ("up_proj", [i, h], layout.up),
+                ("down_proj", [h, i], layout.down),
+            ];
+            for (part, shape, lay) in parts {
+                let zeros = vec![0u8; (offset + lay.offset - sink.pos) as usize];
+                crc = crc32c::crc32c_append(crc, &zeros);
+                sink.write(&zeros)?;
+                crc = sink.tensor(src, &format!("{p}.{part}.weight"), &shape, dtype, crc)?;
+            }
+            if sink.pos - offset != layout.blob_len {
+                bail!("internal error: expert blob of layer {l} expert {e} has the wrong length");
+            }
+            sink.pad_to(BLOB_ALIGN)?;
+            blobs.push(BlobEntry { offset, crc32c: crc });
+        }
+        layers.push(LayerBlobs { layer: l, file, file_len: sink.finish()?, blobs });
+    }
+    bar.finish_and_clear();
+
+    let mut tokenizer_files = Vec::new();
+    if let Some(dir) = spec.tokenizer_dir {
+        for name in TOKENIZER_FILES {
+            let from = dir.join(name);
+            if from.exists() {
+                std::fs::copy(&from, spec.out.join(name))
+                    .with_context(|| format!("cannot copy {}", from.display()))?;
+                tokenizer_files.push(name.to_string());
+            }
+        }
+    }
+    let manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        model: cfg.clone(),
+        resident,
+        experts: ExpertIndex { layout, layers },
+        tokenizer_files,
+    };
+    let path = spec.out.join(MANIFEST_FILE);
+    std::fs::write(&path, serde_json::to_string_pretty(&manifest)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(manifest)
+}
+
+/// Creates the vault directory (and `experts/`), refusing to overwrite an existing
+/// vault unless `force`.
+fn prepare_out_dir(out: &Path, force: bool) -> Result<()> {
+    if out.join(MANIFEST_FILE).exists() {
+        if !force {
+            bail!("{} already holds a vault; pass --force to overwrite it", out.display());
+        }
+        std::fs::remove_file(out.join(MANIFEST_FILE))?;
+    }
+    std::fs::create_dir_all(out.join("experts")).with_context(|| format!("cannot create {}", out.display()))
+}
