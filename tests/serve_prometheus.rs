@@ -39,8 +39,10 @@ fn dashboard_queries_return_data_from_a_real_prometheus() {
 
     let dir = tempfile::tempdir().unwrap();
     let vault = common::convert("moe_all", dir.path(), &[]);
-    // A ring much smaller than the model's 24 experts: reads and evictions on every token.
-    let d = Daemon::start(&["--vault", vault.to_str().unwrap(), "--ring-slots", "6"], &[]);
+    // A ring much smaller than the model's 24 experts (reads and evictions on every token),
+    // and speculative prefetch on.
+    let d =
+        Daemon::start(&["--vault", vault.to_str().unwrap(), "--ring-slots", "6", "--spec-depth", "2"], &[]);
     let target = d.url.trim_start_matches("http://");
     let config = dir.path().join("prometheus.yml");
     std::fs::write(
