@@ -96,6 +96,14 @@ async fn serve(config: Config) -> Result<()> {
         config.spec_depth,
         template.origin
     );
+    let kv_bytes =
+        engine.model.max_context * cfg.kv_dim() * cfg.num_hidden_layers * 2 * std::mem::size_of::<f32>();
+    tracing::info!(
+        "KV cache: {:.1} MiB per session at max_context, up to {} sessions ({:.1} MiB)",
+        kv_bytes as f64 / (1 << 20) as f64,
+        config.max_sessions,
+        (kv_bytes * config.max_sessions) as f64 / (1 << 20) as f64
+    );
     let id = match (&config.model_name, demo) {
         (Some(n), _) => n.clone(),
         (None, true) => demo::MODEL_ID.to_string(),
