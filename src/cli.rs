@@ -166,7 +166,7 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 8)]
     pub queue_depth: usize,
     /// Prompt tokens per layer-major prefill chunk.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub chunk_size: u32,
     /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
     #[arg(long, default_value_t = 0)]
