@@ -93,7 +93,7 @@ impl Default for Config {
             ring_bytes: None,
             io: "auto".into(),
             queue_depth: 8,
-            chunk_size: 64,
+            chunk_size: 512,
             spec_depth: 0,
             max_sessions: 4,
             max_queue: 16,

@@ -78,7 +78,7 @@ fn flags_override_the_file() {
 fn example_config_is_valid() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("smoe.toml");
     let out = run_ok(&["serve", "--config", example.to_str().unwrap(), "--print-config"]);
-    assert!(out.contains("chunk_size = 64"), "{out}");
+    assert!(out.contains("chunk_size = 512"), "{out}");
 }
 
 #[test]
