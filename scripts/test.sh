@@ -18,6 +18,15 @@ fi
 if ! python3 -c "import torch, transformers, safetensors, tokenizers" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check torch transformers safetensors tokenizers
 fi
+# `serve` tests: the real openai Python client, and Debian's prometheus (the tests start
+# it themselves on loopback; the package does not run it as a service here).
+if ! python3 -c "import openai" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check openai
+fi
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus
+fi
+
 echo "== golden fixtures: recompute with transformers and compare"
 python3 tests/fixtures/make_fixtures.py --check
 

@@ -21,6 +21,8 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Generate text from a vault.
     Generate(GenerateArgs),
+    /// Run the OpenAI-compatible HTTP daemon (see README: Serve).
+    Serve(ServeArgs),
     /// Check that layer-major prefill is byte-identical to token-serial replay.
     Verify(VerifyArgs),
     /// Write a random-weight vault at the shape of a real model.
@@ -174,7 +176,7 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 8)]
     pub queue_depth: usize,
     /// Prompt tokens per layer-major prefill chunk.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub chunk_size: u32,
     /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
     #[arg(long, default_value_t = 0)]
@@ -198,4 +200,63 @@ impl PrefillMode {
             PrefillMode::Serial => "serial",
         }
     }
+}
+
+/// Arguments of `serve`. Every flag overrides the config file key of the same name.
+#[derive(Args, Debug, Default)]
+pub struct ServeArgs {
+    /// TOML config file (see smoe.toml); without it, built-in defaults.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Vault to serve (default: the built-in tiny demo model).
+    #[arg(long)]
+    pub vault: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1:8080).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Model id to serve under (default: the vault directory name).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Log filter (error, warn, info, debug, trace).
+    #[arg(long)]
+    pub log_level: Option<String>,
+    /// Compute backend (cpu).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Longest sequence (prompt + completion) per session.
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Ring slots (one expert each).
+    #[arg(long, conflicts_with = "ring_bytes")]
+    pub ring_slots: Option<usize>,
+    /// Ring size in bytes.
+    #[arg(long)]
+    pub ring_bytes: Option<u64>,
+    /// I/O path: auto, io-uring or pread.
+    #[arg(long)]
+    pub io: Option<String>,
+    /// Reads in flight (io_uring) or reader threads (pread).
+    #[arg(long)]
+    pub queue_depth: Option<usize>,
+    /// Prompt tokens per layer-major prefill chunk.
+    #[arg(long)]
+    pub chunk_size: Option<usize>,
+    /// Gate ranks beyond top-k read speculatively during decode (0: off).
+    #[arg(long)]
+    pub spec_depth: Option<usize>,
+    /// Token streams kept with their KV caches for prefix reuse.
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
+    /// Requests that may wait behind the running one (more get 429).
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Seconds in-flight requests get to finish after SIGTERM/Ctrl-C.
+    #[arg(long)]
+    pub shutdown_grace: Option<f64>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }

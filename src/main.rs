@@ -1,9 +1,11 @@
 //! The `smoe-pipeline` binary.
 
 mod cli;
+mod config;
 mod convert;
 mod devices;
 mod generate;
+mod serve;
 mod synth;
 mod tokenizer;
 mod vault_writer;
@@ -31,6 +33,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(a) => generate::run(&a),
+        Command::Serve(a) => serve::run(&a),
         Command::Verify(a) => verify::run(&a),
         Command::Synth(a) => {
             let opts = synth::SynthOptions {
@@ -57,11 +60,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // `serve` sets up logging itself, at its configured level.
+    if !matches!(cli.command, Command::Serve(_)) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -11,6 +11,7 @@ pub mod model;
 pub mod ring;
 pub mod routing;
 pub mod sampler;
+pub mod scheduler;
 pub mod streamer;
 pub mod tensor;
 pub mod vault;

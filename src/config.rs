@@ -1,0 +1,337 @@
+//! The `serve` configuration: a TOML file (every key optional, unknown keys rejected),
+//! overridden by command-line flags, then validated key by key so that every error names
+//! the key at fault and why.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
+use smoe_actors::sampler::SamplingParams;
+use smoe_actors::streamer::{IoChoice, StreamerOptions};
+
+use crate::cli::ServeArgs;
+
+/// Everything `smoe-pipeline serve` can be told. Field names are the TOML keys.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Vault directory; absent: the built-in tiny random-weight demo model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vault: Option<PathBuf>,
+    /// Model id served by `/v1/models` and required in requests; absent: the vault's
+    /// directory name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+    /// Address to listen on.
+    pub listen: String,
+    /// Bearer token required on `/v1/*` when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive);
+    /// `RUST_LOG` wins when set.
+    pub log_level: String,
+    /// Compute backend (`cpu`).
+    pub backend: String,
+    /// Longest sequence (prompt + completion) a session holds.
+    pub max_context: usize,
+    /// Ring slots (one expert each); conflicts with `ring_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring_slots: Option<usize>,
+    /// Ring size in bytes; default 4 GiB when neither ring key is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring_bytes: Option<u64>,
+    /// I/O path: `auto`, `io-uring` or `pread`.
+    pub io: String,
+    /// Reads in flight (io_uring) or reader threads (pread).
+    pub queue_depth: usize,
+    /// Prompt tokens per layer-major prefill chunk.
+    pub chunk_size: usize,
+    /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
+    pub spec_depth: usize,
+    /// Stored token streams with their KV caches, for prefix reuse.
+    pub max_sessions: usize,
+    /// Requests that may wait behind the running one; more get 429.
+    pub max_queue: usize,
+    /// Seconds to let in-flight requests finish after SIGTERM/Ctrl-C before cancelling.
+    pub shutdown_grace: f64,
+    /// Defaults for requests that leave sampling parameters out.
+    pub sampling: SamplingDefaults,
+}
+
+/// Sampling defaults (`[sampling]` table).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingDefaults {
+    /// Softmax temperature (0: greedy).
+    pub temperature: f32,
+    /// Nucleus threshold (1: off).
+    pub top_p: f32,
+    /// Keep the K most likely tokens (0: off).
+    pub top_k: usize,
+    /// HuggingFace-style repetition penalty (1: off).
+    pub repetition_penalty: f32,
+    /// Seed for requests without one; absent: a fresh random seed per request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Completion length for requests without `max_tokens` (capped by the context left).
+    pub max_tokens: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            vault: None,
+            model_name: None,
+            listen: "127.0.0.1:8080".into(),
+            api_key: None,
+            log_level: "info".into(),
+            backend: "cpu".into(),
+            max_context: 8192,
+            ring_slots: None,
+            ring_bytes: None,
+            io: "auto".into(),
+            queue_depth: 8,
+            chunk_size: 512,
+            spec_depth: 0,
+            max_sessions: 4,
+            max_queue: 16,
+            shutdown_grace: 10.0,
+            sampling: SamplingDefaults::default(),
+        }
+    }
+}
+
+impl Default for SamplingDefaults {
+    fn default() -> Self {
+        SamplingDefaults {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            repetition_penalty: 1.0,
+            seed: None,
+            max_tokens: 512,
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        let de =
+            toml::Deserializer::parse(text).map_err(|e| anyhow!("{origin}: {}", e.to_string().trim_end()))?;
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            let inner = inner.trim_end();
+            if key == "." || key.is_empty() {
+                anyhow!("{origin}: {inner}")
+            } else {
+                anyhow!("{origin}: key `{key}`: {inner}")
+            }
+        })
+    }
+
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the config file {}", path.display()))?;
+        Config::parse(&text, &format!("config file {}", path.display()))
+    }
+
+    /// The config for `serve`: the file (if any), overridden by flags, validated.
+    pub fn from_args(args: &ServeArgs) -> Result<Config> {
+        let mut c = match &args.config {
+            Some(p) => Config::load(p)?,
+            None => Config::default(),
+        };
+        c.apply_flags(args);
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Replaces file values with the flags that were given.
+    fn apply_flags(&mut self, a: &ServeArgs) {
+        fn set<T: Clone>(dst: &mut T, src: &Option<T>) {
+            if let Some(v) = src {
+                *dst = v.clone();
+            }
+        }
+        if a.vault.is_some() {
+            self.vault = a.vault.clone();
+        }
+        if a.model_name.is_some() {
+            self.model_name = a.model_name.clone();
+        }
+        if a.api_key.is_some() {
+            self.api_key = a.api_key.clone();
+        }
+        if a.ring_slots.is_some() {
+            self.ring_slots = a.ring_slots;
+            self.ring_bytes = None;
+        }
+        if a.ring_bytes.is_some() {
+            self.ring_bytes = a.ring_bytes;
+            self.ring_slots = None;
+        }
+        set(&mut self.listen, &a.listen);
+        set(&mut self.log_level, &a.log_level);
+        set(&mut self.backend, &a.backend);
+        set(&mut self.max_context, &a.max_context);
+        set(&mut self.io, &a.io);
+        set(&mut self.queue_depth, &a.queue_depth);
+        set(&mut self.chunk_size, &a.chunk_size);
+        set(&mut self.spec_depth, &a.spec_depth);
+        set(&mut self.max_sessions, &a.max_sessions);
+        set(&mut self.max_queue, &a.max_queue);
+        set(&mut self.shutdown_grace, &a.shutdown_grace);
+    }
+
+    /// Checks every key's range; the error names the key.
+    pub fn validate(&self) -> Result<()> {
+        fn range<T: PartialOrd + std::fmt::Display>(key: &str, v: T, lo: T, hi: T) -> Result<()> {
+            if v < lo || v > hi {
+                bail!("invalid config: `{key}` must be between {lo} and {hi}, got {v}");
+            }
+            Ok(())
+        }
+        self.listen_addr()?;
+        if self.model_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            bail!("invalid config: `model_name` must not be empty");
+        }
+        if self.api_key.as_deref().is_some_and(str::is_empty) {
+            bail!("invalid config: `api_key` must not be empty (leave it out to disable the check)");
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log_level).map_err(|e| {
+            anyhow!(
+                "invalid config: `log_level` {:?} is not a log filter such as info or debug: {e}",
+                self.log_level
+            )
+        })?;
+        if self.backend != "cpu" {
+            bail!("invalid config: `backend` {:?} is not available in this build; use \"cpu\"", self.backend);
+        }
+        range("max_context", self.max_context, 2, 1 << 20)?;
+        if self.ring_slots.is_some() && self.ring_bytes.is_some() {
+            bail!("invalid config: set `ring_slots` or `ring_bytes`, not both");
+        }
+        if let Some(n) = self.ring_slots {
+            range("ring_slots", n, 1, 1 << 24)?;
+        }
+        if let Some(b) = self.ring_bytes {
+            range("ring_bytes", b, 1, u64::MAX)?;
+        }
+        self.io_choice()?;
+        range("queue_depth", self.queue_depth, 1, 1024)?;
+        range("chunk_size", self.chunk_size, 1, 65536)?;
+        range("spec_depth", self.spec_depth, 0, 1024)?;
+        range("max_sessions", self.max_sessions, 1, 1024)?;
+        range("max_queue", self.max_queue, 0, 1 << 20)?;
+        if !(self.shutdown_grace.is_finite() && (0.0..=3600.0).contains(&self.shutdown_grace)) {
+            bail!(
+                "invalid config: `shutdown_grace` must be between 0 and 3600 seconds, got {}",
+                self.shutdown_grace
+            );
+        }
+        let s = &self.sampling;
+        if !(s.temperature.is_finite() && (0.0..=100.0).contains(&s.temperature)) {
+            bail!("invalid config: `sampling.temperature` must be between 0 and 100, got {}", s.temperature);
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            bail!("invalid config: `sampling.top_p` must be in (0, 1], got {}", s.top_p);
+        }
+        if !(s.repetition_penalty.is_finite() && s.repetition_penalty > 0.0) {
+            bail!("invalid config: `sampling.repetition_penalty` must be > 0, got {}", s.repetition_penalty);
+        }
+        range("sampling.max_tokens", s.max_tokens, 1, 1 << 20)?;
+        Ok(())
+    }
+
+    /// The listen address.
+    pub fn listen_addr(&self) -> Result<SocketAddr> {
+        self.listen.parse().map_err(|_| {
+            anyhow!("invalid config: `listen` {:?} is not an address such as 127.0.0.1:8080", self.listen)
+        })
+    }
+
+    /// The I/O path.
+    fn io_choice(&self) -> Result<IoChoice> {
+        self.io.parse().map_err(|e| anyhow!("invalid config: `io`: {e}"))
+    }
+
+    /// Engine options for opening the vault.
+    pub fn engine_options(&self) -> Result<EngineOptions> {
+        let ring = match (self.ring_slots, self.ring_bytes) {
+            (Some(n), _) => RingSize::Slots(n),
+            (None, Some(b)) => RingSize::Bytes(b),
+            (None, None) => RingSize::Bytes(DEFAULT_RING_BYTES),
+        };
+        Ok(EngineOptions {
+            max_context: self.max_context,
+            ring,
+            streamer: StreamerOptions { io: self.io_choice()?, queue_depth: self.queue_depth, fault: None },
+        })
+    }
+
+    /// Sampling parameters for a request that set none, before per-request overrides.
+    pub fn default_sampling(&self) -> SamplingParams {
+        let s = &self.sampling;
+        SamplingParams {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            repetition_penalty: s.repetition_penalty,
+            seed: s.seed.unwrap_or(0),
+        }
+    }
+
+    /// The effective config as TOML, with the API key masked.
+    pub fn to_toml(&self) -> Result<String> {
+        let mut shown = self.clone();
+        if shown.api_key.is_some() {
+            shown.api_key = Some("<set>".into());
+        }
+        toml::to_string(&shown).context("cannot print the config")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        match Config::parse(text, "test.toml").and_then(|c| c.validate()) {
+            Ok(()) => panic!("accepted: {text}"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(Config::parse("", "x").unwrap(), Config::default());
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert!(err("chunk_sise = 3").contains("chunk_sise"), "{}", err("chunk_sise = 3"));
+        assert!(err("chunk_size = \"big\"").contains("`chunk_size`"));
+        assert!(err("chunk_size = 0").contains("`chunk_size`"));
+        assert!(err("[sampling]\ntop_p = 0.0").contains("`sampling.top_p`"));
+        assert!(err("[sampling]\ntemprature = 1.0").contains("temprature"));
+        assert!(err("listen = \"nowhere\"").contains("`listen`"));
+        assert!(err("io = \"floppy\"").contains("`io`"));
+        assert!(err("ring_slots = 4\nring_bytes = 4096").contains("`ring_slots`"));
+        assert!(err("max_sessions = -1").contains("`max_sessions`"));
+    }
+
+    #[test]
+    fn printed_config_parses_back() {
+        let mut c = Config::parse("vault = \"/v\"\nchunk_size = 7\n[sampling]\nseed = 3", "x").unwrap();
+        c.validate().unwrap();
+        assert_eq!(Config::parse(&c.to_toml().unwrap(), "x").unwrap(), c);
+        c.api_key = Some("secret".into());
+        assert!(!c.to_toml().unwrap().contains("secret"));
+    }
+}

@@ -1,0 +1,116 @@
+//! `smoe-pipeline serve` configuration: bad keys and values are refused at start with the
+//! key named, flags override the file, the example smoe.toml is valid, and with no
+//! configuration at all the daemon serves the built-in demo model.
+
+mod common;
+#[path = "serve/daemon.rs"]
+mod daemon;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{run_err, run_ok};
+use daemon::Daemon;
+
+/// Runs `serve --config FILE ARGS --print-config` on `toml` expecting failure; returns stderr.
+fn refused(toml: &str, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("smoe.toml");
+    std::fs::write(&file, toml).unwrap();
+    let mut all = vec!["serve", "--config", file.to_str().unwrap(), "--print-config"];
+    all.extend_from_slice(args);
+    run_err(&all)
+}
+
+#[test]
+fn unknown_key_is_refused_by_name() {
+    let err = refused("chunk_sise = 32\n", &[]);
+    assert!(err.contains("unknown field `chunk_sise`"), "{err}");
+    let err = refused("[sampling]\ntemprature = 0.5\n", &[]);
+    assert!(err.contains("sampling.temprature"), "{err}");
+}
+
+#[test]
+fn wrong_type_is_refused_by_name() {
+    let err = refused("chunk_size = \"big\"\n", &[]);
+    assert!(err.contains("key `chunk_size`") && err.contains("invalid type"), "{err}");
+    let err = refused("listen = 8080\n", &[]);
+    assert!(err.contains("key `listen`"), "{err}");
+}
+
+#[test]
+fn out_of_range_values_are_refused_by_name() {
+    for (toml, key) in [
+        ("chunk_size = 0\n", "`chunk_size`"),
+        ("max_sessions = 0\n", "`max_sessions`"),
+        ("queue_depth = 0\n", "`queue_depth`"),
+        ("shutdown_grace = -1.0\n", "`shutdown_grace`"),
+        ("listen = \"not an address\"\n", "`listen`"),
+        ("io = \"floppy\"\n", "`io`"),
+        ("backend = \"tpu\"\n", "`backend`"),
+        ("ring_slots = 4\nring_bytes = 65536\n", "`ring_slots`"),
+        ("[sampling]\ntop_p = 1.5\n", "`sampling.top_p`"),
+    ] {
+        let err = refused(toml, &[]);
+        assert!(err.contains(key), "{toml:?}: {err}");
+    }
+    // Flags are checked like file values.
+    let err = refused("", &["--chunk-size", "0"]);
+    assert!(err.contains("`chunk_size`"), "{err}");
+    let err = refused("chunk_size = [1\n", &[]);
+    assert!(err.contains("TOML parse error"), "{err}");
+}
+
+#[test]
+fn flags_override_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("smoe.toml");
+    std::fs::write(&file, "chunk_size = 8\nmax_queue = 3\n[sampling]\ntemperature = 0.0\n").unwrap();
+    let out = run_ok(&["serve", "--config", file.to_str().unwrap(), "--chunk-size", "16", "--print-config"]);
+    assert!(out.contains("chunk_size = 16"), "{out}");
+    assert!(out.contains("max_queue = 3"), "{out}");
+    assert!(out.contains("temperature = 0.0"), "{out}");
+}
+
+#[test]
+fn example_config_is_valid() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("smoe.toml");
+    let out = run_ok(&["serve", "--config", example.to_str().unwrap(), "--print-config"]);
+    assert!(out.contains("chunk_size = 512"), "{out}");
+}
+
+#[test]
+fn missing_vault_is_a_clean_error() {
+    let err = run_err(&["serve", "--vault", "/nonexistent/vault", "--listen", "127.0.0.1:0"]);
+    assert!(err.contains("/nonexistent/vault"), "{err}");
+}
+
+/// `GET path` over plain HTTP/1.1; returns the body.
+fn get(url: &str, path: &str) -> String {
+    let addr = url.trim_start_matches("http://");
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(c, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    resp.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+#[test]
+fn no_config_serves_the_demo_model() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(&[], &[("XDG_CACHE_HOME", cache.path())]);
+    let models = get(&d.url, "/v1/models");
+    assert!(models.contains("smoe-demo-tiny-random") && models.contains("random-weight demo"), "{models}");
+    assert!(d.log().contains("tiny random-weight demo model"), "{}", d.log());
+    let (status, _) = d.terminate(Duration::from_secs(30));
+    assert!(status.success());
+    // Second start: the vault made on the first is reused.
+    let mut d = Daemon::start(&[], &[("XDG_CACHE_HOME", cache.path())]);
+    assert!(!d.log().contains("first run"), "{}", d.log());
+    assert!(get(&d.url, "/health").contains("\"ok\""));
+    d.terminate(Duration::from_secs(30));
+}
