@@ -1,6 +1,7 @@
 //! The engine on the Vulkan backend: the fixtures' greedy ids, logits against the CPU
 //! backend (and transformers) within a measured tolerance, and layer-major blocks
 //! byte-identical to token-serial replay on the same backend.
+#![cfg(feature = "vulkan")]
 
 mod common;
 mod vulkan;

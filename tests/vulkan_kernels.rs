@@ -1,6 +1,7 @@
 //! Every batched Vulkan kernel against its m=1 sibling, byte for byte, on awkward
 //! shapes (odd sizes, tails, misaligned offsets, gathered and scattered rows), and
 //! against the CPU reference within rounding.
+#![cfg(feature = "vulkan")]
 
 mod vulkan;
 
