@@ -4,8 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Vulkan backend tests: Mesa's lavapipe CPU driver, the Vulkan loader, and glslc for the
+# check that the checked-in SPIR-V matches the GLSL sources.
 need_apt=()
-for pkg in "$@"; do need_apt+=("$pkg"); done
+for pkg in mesa-vulkan-drivers libvulkan1 glslc "$@"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
 if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi

@@ -27,6 +27,8 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Write a random-weight vault at the shape of a real model.
     Synth(SynthArgs),
+    /// List the Vulkan devices (index for --device, memory heaps, key limits).
+    Devices(DevicesArgs),
 }
 
 /// Arguments of `synth`.
@@ -78,6 +80,14 @@ pub struct VerifyArgs {
     /// I/O path: auto, io-uring or pread.
     #[arg(long, default_value = "auto")]
     pub io: smoe_actors::streamer::IoChoice,
+}
+
+/// Arguments of `devices`.
+#[derive(Args, Debug)]
+pub struct DevicesArgs {
+    /// Print one JSON array instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `convert`.

@@ -3,6 +3,7 @@
 mod cli;
 mod config;
 mod convert;
+mod devices;
 mod generate;
 mod serve;
 mod synth;
@@ -54,6 +55,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Devices(a) => devices::run(&a),
     }
 }
 

@@ -16,3 +16,5 @@ pub mod scheduler;
 pub mod streamer;
 pub mod tensor;
 pub mod vault;
+#[cfg(feature = "vulkan")]
+pub mod vulkan;

@@ -1,0 +1,188 @@
+//! Buffers: device-local and host-visible allocations, uploads through a staging
+//! buffer, and weight matrices bound in row ranges that respect the device's
+//! `maxStorageBufferRange` (lavapipe: 128 MiB) and offset alignment.
+
+use smoe_proto::DType;
+use vulkano::buffer::{Buffer, BufferContents, BufferCreateInfo, BufferUsage, Subbuffer};
+use vulkano::command_buffer::{AutoCommandBufferBuilder, CommandBufferUsage, CopyBufferInfo};
+use vulkano::memory::allocator::{AllocationCreateInfo, MemoryTypeFilter};
+use vulkano::sync::{GpuFuture, Sharing};
+
+use super::context::VulkanContext;
+use super::VulkanError;
+use crate::tensor::{WeightData, WeightView};
+
+/// Maps any displayable Vulkan failure to a [`VulkanError`] naming what was being done.
+pub fn verr<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> VulkanError {
+    move |e| VulkanError::Vulkan(format!("{what}: {e}"))
+}
+
+fn create_info(ctx: &VulkanContext, usage: BufferUsage) -> BufferCreateInfo {
+    let fam = ctx.families();
+    let sharing =
+        if fam.len() > 1 { Sharing::Concurrent(fam.into_iter().collect()) } else { Sharing::Exclusive };
+    BufferCreateInfo { usage, sharing, ..Default::default() }
+}
+
+/// A device-local buffer of `len` elements (at least one).
+pub fn device_buffer<T: BufferContents>(
+    ctx: &VulkanContext,
+    len: u64,
+    usage: BufferUsage,
+) -> Result<Subbuffer<[T]>, VulkanError> {
+    Buffer::new_slice::<T>(
+        ctx.memory.clone(),
+        create_info(ctx, usage | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC),
+        AllocationCreateInfo { memory_type_filter: MemoryTypeFilter::PREFER_DEVICE, ..Default::default() },
+        len.max(1),
+    )
+    .map_err(verr("allocating device memory"))
+}
+
+/// A host-visible, coherent buffer of `len` elements (at least one) that the host
+/// writes and reads through vulkano's checked mappings.
+pub fn host_buffer<T: BufferContents>(
+    ctx: &VulkanContext,
+    len: u64,
+    usage: BufferUsage,
+) -> Result<Subbuffer<[T]>, VulkanError> {
+    Buffer::new_slice::<T>(
+        ctx.memory.clone(),
+        create_info(ctx, usage | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC),
+        AllocationCreateInfo {
+            memory_type_filter: MemoryTypeFilter::PREFER_HOST | MemoryTypeFilter::HOST_RANDOM_ACCESS,
+            ..Default::default()
+        },
+        len.max(1),
+    )
+    .map_err(verr("allocating host-visible memory"))
+}
+
+/// Copies `bytes` into the start of `dst` through a staging buffer (start-up only: it
+/// waits for the copy).
+pub fn upload(ctx: &VulkanContext, dst: &Subbuffer<[u8]>, bytes: &[u8]) -> Result<(), VulkanError> {
+    const STAGE: usize = 64 << 20;
+    for (i, part) in bytes.chunks(STAGE).enumerate() {
+        let stage = host_buffer::<u8>(ctx, part.len() as u64, BufferUsage::TRANSFER_SRC)?;
+        stage.write().map_err(verr("mapping a staging buffer"))?.copy_from_slice(part);
+        let off = (i * STAGE) as u64;
+        let mut cb = AutoCommandBufferBuilder::primary(
+            ctx.commands.clone(),
+            ctx.compute.queue_family_index(),
+            CommandBufferUsage::OneTimeSubmit,
+        )
+        .map_err(verr("recording an upload"))?;
+        cb.copy_buffer(CopyBufferInfo::buffers(stage, dst.clone().slice(off..off + part.len() as u64)))
+            .map_err(verr("recording an upload"))?;
+        let cb = cb.build().map_err(verr("recording an upload"))?;
+        vulkano::sync::now(ctx.device.clone())
+            .then_execute(ctx.compute.clone(), cb)
+            .map_err(verr("submitting an upload"))?
+            .then_signal_fence_and_flush()
+            .map_err(verr("submitting an upload"))?
+            .wait(None)
+            .map_err(verr("waiting for an upload"))?;
+    }
+    Ok(())
+}
+
+/// A device-local f32 vector initialised from `data`.
+pub fn upload_f32(ctx: &VulkanContext, data: &[f32]) -> Result<Subbuffer<[u8]>, VulkanError> {
+    let buf = device_buffer::<u8>(ctx, (data.len() * 4) as u64, BufferUsage::STORAGE_BUFFER)?;
+    upload(ctx, &buf, bytemuck::cast_slice(data))?;
+    Ok(buf)
+}
+
+/// Rows `row0..row0 + rows` of a weight matrix, bound as one storage-buffer range.
+#[derive(Clone)]
+pub struct WeightRange {
+    /// First row.
+    pub row0: usize,
+    /// Rows in the range.
+    pub rows: usize,
+    /// The bytes of those rows.
+    pub bytes: Subbuffer<[u8]>,
+}
+
+/// A row-major weight matrix on the device, split into ranges the device can bind.
+#[derive(Clone)]
+pub struct DeviceWeight {
+    /// Element type.
+    pub dtype: DType,
+    /// Rows (outputs).
+    pub rows: usize,
+    /// Columns (inputs).
+    pub cols: usize,
+    /// Row ranges covering all rows, in order.
+    pub ranges: Vec<WeightRange>,
+}
+
+/// Most output rows one matmul dispatch covers (65535 workgroups of 4 rows).
+pub const MAX_DISPATCH_ROWS: usize = 65535 * 4;
+
+/// Rows per bound range so that each range fits `max_range` bytes and starts at an
+/// offset that is a multiple of `align` bytes.
+pub fn rows_per_range(row_bytes: u64, max_range: u64, align: u64) -> Option<usize> {
+    let fit = max_range / row_bytes.max(1);
+    // Smallest row count whose byte size is a multiple of the alignment.
+    let step = align / gcd(align, row_bytes.max(1));
+    let rows = fit.min(MAX_DISPATCH_ROWS as u64) / step * step;
+    (rows > 0).then_some(rows as usize)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl DeviceWeight {
+    /// Uploads `w` to device-local memory.
+    pub fn upload(ctx: &VulkanContext, w: &WeightView<'_>) -> Result<DeviceWeight, VulkanError> {
+        let (dtype, bytes): (DType, &[u8]) = match w.data {
+            WeightData::F32(d) => (DType::F32, bytemuck::cast_slice(d)),
+            WeightData::Bf16(d) => (DType::Bf16, bytemuck::cast_slice(d)),
+        };
+        // Padded so that every bound range can be a whole number of 32-bit words.
+        let buf = device_buffer::<u8>(
+            ctx,
+            (bytes.len() as u64 + 4).next_multiple_of(16),
+            BufferUsage::STORAGE_BUFFER,
+        )?;
+        upload(ctx, &buf, bytes)?;
+        DeviceWeight::from_buffer(ctx, dtype, w.rows, w.cols, buf)
+    }
+
+    /// Describes `buf` (holding `rows × cols` elements of `dtype` from its start, padded
+    /// to a multiple of 4 bytes) in bindable row ranges.
+    pub fn from_buffer(
+        ctx: &VulkanContext,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        buf: Subbuffer<[u8]>,
+    ) -> Result<DeviceWeight, VulkanError> {
+        let row_bytes = (cols * dtype.size()) as u64;
+        let props = ctx.device.physical_device().properties();
+        let align = props.min_storage_buffer_offset_alignment.as_devicesize().max(4);
+        let per =
+            rows_per_range(row_bytes, props.max_storage_buffer_range as u64, align).ok_or_else(|| {
+                VulkanError::Unsupported(format!(
+                    "a weight row of {row_bytes} bytes exceeds the device's storage-buffer range ({} bytes)",
+                    props.max_storage_buffer_range
+                ))
+            })?;
+        let mut ranges = Vec::new();
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = per.min(rows - row0);
+            let (a, b) = (row0 as u64 * row_bytes, (row0 + n) as u64 * row_bytes);
+            let end = b.next_multiple_of(4).min(buf.len());
+            ranges.push(WeightRange { row0, rows: n, bytes: buf.clone().slice(a..end) });
+            row0 += n;
+        }
+        Ok(DeviceWeight { dtype, rows, cols, ranges })
+    }
+}

@@ -1,0 +1,162 @@
+//! Single kernels on caller-supplied data, outside a forward pass: the identity tests
+//! (batched kernel vs m=1 kernel, byte for byte) and the per-kernel benchmarks use it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smoe_proto::DType;
+use vulkano::buffer::{BufferUsage, Subbuffer};
+use vulkano::descriptor_set::WriteDescriptorSet;
+use vulkano::sync::GpuFuture;
+
+use super::buffers::{device_buffer, host_buffer, upload, verr, DeviceWeight};
+use super::context::VulkanContext;
+use super::pipelines::Kernels;
+use super::record::{set0, typed, Recorder};
+use super::VulkanError;
+use crate::tensor::WeightView;
+
+pub use super::record::{MatmulArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER};
+pub use vulkano::descriptor_set::DescriptorSet;
+
+/// A weight matrix on the device, bound whole (it must fit one storage-buffer range).
+pub struct TestWeight {
+    /// Element type.
+    pub dtype: DType,
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    bytes: Subbuffer<[u8]>,
+    set: Arc<DescriptorSet>,
+}
+
+impl TestWeight {
+    /// The descriptor set binding this matrix for the matmul kernels.
+    pub fn set(&self) -> Arc<DescriptorSet> {
+        self.set.clone()
+    }
+}
+
+/// Runs kernels on an activation arena and routing buffer of its own.
+pub struct KernelHarness {
+    ctx: Arc<VulkanContext>,
+    kernels: Arc<Kernels>,
+    act: Subbuffer<[f32]>,
+    route: Subbuffer<[u32]>,
+    act_set: Arc<DescriptorSet>,
+}
+
+impl KernelHarness {
+    /// A harness with `act_len` activation floats and `route_len` routing words.
+    pub fn new(ctx: Arc<VulkanContext>, act_len: usize, route_len: usize) -> Result<Self, VulkanError> {
+        let kernels = Arc::new(Kernels::new(&ctx.device)?);
+        let act = device_buffer::<f32>(&ctx, act_len as u64, BufferUsage::STORAGE_BUFFER)?;
+        let route = host_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
+        let act_set = DescriptorSet::new(
+            ctx.descriptors.clone(),
+            kernels.act_layout.clone(),
+            [WriteDescriptorSet::buffer(0, act.clone()), WriteDescriptorSet::buffer(1, route.clone())],
+            [],
+        )
+        .map_err(verr("creating the activation set"))?;
+        Ok(KernelHarness { ctx, kernels, act, route, act_set })
+    }
+
+    /// Uploads `w`: to device-local memory, or (`host_visible`) to host-visible memory
+    /// as ring slots are, to measure kernels reading in place.
+    pub fn weight(&self, w: &WeightView<'_>, host_visible: bool) -> Result<TestWeight, VulkanError> {
+        let (dtype, bytes): (DType, &[u8]) = match w.data {
+            crate::tensor::WeightData::F32(d) => (DType::F32, bytemuck::cast_slice(d)),
+            crate::tensor::WeightData::Bf16(d) => (DType::Bf16, bytemuck::cast_slice(d)),
+        };
+        let buf = if host_visible {
+            let padded = (bytes.len() as u64 + 4).next_multiple_of(16);
+            let b = host_buffer::<u8>(&self.ctx, padded, BufferUsage::STORAGE_BUFFER)?;
+            b.write().map_err(verr("writing weights"))?[..bytes.len()].copy_from_slice(bytes);
+            b
+        } else {
+            let d = DeviceWeight::upload(&self.ctx, w)?;
+            if d.ranges.len() != 1 {
+                return Err(VulkanError::Unsupported("test weight larger than one binding".into()));
+            }
+            d.ranges[0].bytes.clone()
+        };
+        let set = set0(&self.ctx, &typed(&self.kernels, dtype).matvec, std::slice::from_ref(&buf))?;
+        Ok(TestWeight { dtype, rows: w.rows, cols: w.cols, bytes: buf, set })
+    }
+
+    /// The set binding `gate` and `up` for the gate/up kernels.
+    pub fn pair(&self, gate: &TestWeight, up: &TestWeight) -> Result<Arc<DescriptorSet>, VulkanError> {
+        set0(&self.ctx, &typed(&self.kernels, gate.dtype).gate_up, &[gate.bytes.clone(), up.bytes.clone()])
+    }
+
+    /// Writes `data` into the activation arena at `off`.
+    pub fn write_act(&self, off: usize, data: &[f32]) -> Result<(), VulkanError> {
+        let bytes = self.act.clone().reinterpret::<[u8]>();
+        let o = (off * 4) as u64;
+        upload(&self.ctx, &bytes.slice(o..o + (data.len() * 4) as u64), bytemuck::cast_slice(data))
+    }
+
+    /// Reads `len` activation floats from `off`.
+    pub fn read_act(&self, off: usize, len: usize) -> Result<Vec<f32>, VulkanError> {
+        let dst = host_buffer::<f32>(&self.ctx, len as u64, BufferUsage::empty())?;
+        self.run(|r| r.copy(self.act.clone().slice(off as u64..(off + len) as u64), dst.clone()), 1)?;
+        let v = dst.read().map_err(verr("reading activations"))?.to_vec();
+        Ok(v)
+    }
+
+    /// Writes the routing buffer from its start.
+    pub fn write_route(&self, data: &[u32]) -> Result<(), VulkanError> {
+        self.route.write().map_err(verr("writing routing"))?[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Records `record` `reps` times into one command buffer, runs it and waits;
+    /// returns the time from submission to completion.
+    pub fn run(
+        &self,
+        mut record: impl FnMut(&mut Recorder) -> Result<(), VulkanError>,
+        reps: usize,
+    ) -> Result<Duration, VulkanError> {
+        let mut rec = Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone())?;
+        for _ in 0..reps.max(1) {
+            record(&mut rec)?;
+        }
+        let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
+        let t = Instant::now();
+        vulkano::sync::now(self.ctx.device.clone())
+            .then_execute(self.ctx.compute.clone(), cb)
+            .map_err(verr("submitting"))?
+            .then_signal_fence_and_flush()
+            .map_err(verr("submitting"))?
+            .wait(None)
+            .map_err(verr("waiting"))?;
+        Ok(t.elapsed())
+    }
+
+    /// A matmul (`batched`) or matvec of `w` with `a` (rows and cols taken from `w`).
+    pub fn matmul(
+        &self,
+        w: &TestWeight,
+        a: MatmulArgs,
+        batched: bool,
+        reps: usize,
+    ) -> Result<Duration, VulkanError> {
+        let a = MatmulArgs { rows: w.rows as u32, cols: w.cols as u32, ..a };
+        self.run(|r| r.matmul(w.dtype, batched, w.set.clone(), a), reps)
+    }
+
+    /// The fused gate/up + SiLU kernel over `gate`/`up` (bound by [`KernelHarness::pair`]).
+    pub fn gate_up(
+        &self,
+        gate: &TestWeight,
+        pair: &Arc<DescriptorSet>,
+        a: MatmulArgs,
+        batched: bool,
+        reps: usize,
+    ) -> Result<Duration, VulkanError> {
+        let a = MatmulArgs { rows: gate.rows as u32, cols: gate.cols as u32, ..a };
+        self.run(|r| r.gate_up(gate.dtype, batched, pair.clone(), a), reps)
+    }
+}

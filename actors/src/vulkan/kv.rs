@@ -1,0 +1,46 @@
+//! The key/value cache on the device: per layer, f32 keys and values laid out
+//! `[position][kv_head][head_dim]` as in the CPU cache, with the descriptor sets the
+//! RoPE/append and attention kernels bind.
+
+use std::sync::Arc;
+
+use vulkano::buffer::Subbuffer;
+use vulkano::descriptor_set::DescriptorSet;
+
+/// One layer's cache buffers and the sets that bind them.
+pub struct KvLayer {
+    /// Set of the QK-norm/RoPE/append kernel (norm weights, RoPE tables, K, V).
+    pub rope: Arc<DescriptorSet>,
+    /// Set of the attention kernel (K, V).
+    pub attn: Arc<DescriptorSet>,
+    pub(super) _k: Subbuffer<[f32]>,
+    pub(super) _v: Subbuffer<[f32]>,
+}
+
+/// A session's key/value cache in device memory (made by
+/// [`VulkanForward::new_kv`](super::VulkanForward::new_kv)).
+pub struct VulkanKvCache {
+    pub(super) layers: Arc<Vec<KvLayer>>,
+    pub(super) len: usize,
+}
+
+impl VulkanKvCache {
+    pub(super) fn new(layers: Arc<Vec<KvLayer>>) -> Self {
+        VulkanKvCache { layers, len: 0 }
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forgets positions from `len` on (used to reuse a shared prefix).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}

@@ -1,0 +1,65 @@
+//! The Vulkan backend of the GPU executor (vulkano): compute shaders for every hot
+//! kernel (`shaders/`), ring slots in host-visible memory that kernels read in place,
+//! staged layer uploads for prefill on devices with their own memory, and
+//! [`VulkanForward`], which has the same behaviour as the CPU
+//! [`Forward`](crate::forward::Forward).
+//!
+//! vulkano's command-buffer builders are not `Send`, so all recording and submission
+//! happens on one executor thread that owns the device state; [`VulkanForward`] sends it
+//! jobs over a channel and waits for the reply.
+//!
+//! Numerics: every kernel has a fixed reduction order per output element that does not
+//! depend on how many tokens one dispatch covers, so the batched kernels are
+//! byte-identical to the m=1 kernels and layer-major prefill is byte-identical to
+//! token-serial replay on this backend. Results differ from the CPU backend only by
+//! rounding (different summation trees, GPU `exp`/`sqrt`).
+
+mod allocator;
+mod buffers;
+mod context;
+mod executor;
+mod kv;
+mod pipelines;
+pub mod record;
+mod runner;
+
+pub mod harness;
+
+pub use allocator::{ArenaRegistry, VulkanAllocator};
+pub use context::{list_devices, DeviceInfo, VulkanContext};
+pub use executor::VulkanForward;
+pub use kv::VulkanKvCache;
+pub use runner::ExpertPath;
+
+use crate::forward::ForwardError;
+
+/// Why the Vulkan backend could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum VulkanError {
+    /// The Vulkan loader is missing or unusable.
+    #[error("cannot load Vulkan ({0}); install the loader and a driver (Debian: `apt-get install libvulkan1 mesa-vulkan-drivers`, or your GPU vendor's driver), or use --backend cpu")]
+    NoLoader(String),
+    /// No usable device.
+    #[error("no usable Vulkan device: {0}; install a Vulkan driver (mesa-vulkan-drivers, or your GPU vendor's driver), pick another with --device, or use --backend cpu")]
+    NoDevice(String),
+    /// The model needs something the kernels or the device do not support.
+    #[error("the Vulkan backend cannot run this model: {0}; use --backend cpu")]
+    Unsupported(String),
+    /// A Vulkan call failed.
+    #[error("Vulkan error while {0}")]
+    Vulkan(String),
+    /// The executor thread is gone (it stopped after an earlier failure).
+    #[error("the Vulkan executor thread has stopped")]
+    ExecutorGone,
+}
+
+/// Why a forward pass on the Vulkan backend failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VulkanForwardError {
+    /// The same failures as on the CPU backend (vault, context, vocabulary).
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+    /// A device failure.
+    #[error(transparent)]
+    Vulkan(#[from] VulkanError),
+}

@@ -1,0 +1,198 @@
+//! Recording kernels into one command buffer: each method binds a kernel, its own
+//! descriptor set and the shared activation set, pushes its constants and dispatches.
+//! Offsets are in f32 elements of the activation arena.
+
+use std::sync::Arc;
+
+use smoe_proto::DType;
+use vulkano::buffer::Subbuffer;
+use vulkano::command_buffer::{
+    AutoCommandBufferBuilder, CommandBufferUsage, CopyBufferInfo, PrimaryAutoCommandBuffer,
+};
+use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
+use vulkano::pipeline::PipelineBindPoint;
+
+use super::buffers::verr;
+use super::context::VulkanContext;
+use super::pipelines::{Kernel, Kernels, TypedKernels};
+use super::VulkanError;
+
+/// `out += result` instead of `out = result`.
+pub const FLAG_ACCUMULATE: u32 = 1;
+/// Token j's input row is `route[map_off + j] / map_div`.
+pub const FLAG_GATHER: u32 = 2;
+/// Token j's output row is `route[map_off + j]`.
+pub const FLAG_SCATTER: u32 = 4;
+
+/// Push constants of the matmul and gate/up kernels (see `shaders/matmul.comp`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatmulArgs {
+    /// Output rows.
+    pub rows: u32,
+    /// Inputs per row.
+    pub cols: u32,
+    /// Tokens.
+    pub m: u32,
+    /// Element offset of row 0 in the (gate) weight binding.
+    pub w_off: u32,
+    /// Element offset of row 0 in the up weight binding.
+    pub w2_off: u32,
+    /// Activation offset of token 0's input.
+    pub x_off: u32,
+    /// Activation elements between inputs.
+    pub x_stride: u32,
+    /// Activation offset of the output (token 0, row 0).
+    pub out_off: u32,
+    /// Activation elements between outputs.
+    pub out_stride: u32,
+    /// Routing-buffer offset of the token map.
+    pub map_off: u32,
+    /// Divisor applied to gathered indices.
+    pub map_div: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+}
+
+impl MatmulArgs {
+    fn words(&self) -> [u32; 12] {
+        [
+            self.rows,
+            self.cols,
+            self.m,
+            self.w_off,
+            self.w2_off,
+            self.x_off,
+            self.x_stride,
+            self.out_off,
+            self.out_stride,
+            self.map_off,
+            self.map_div.max(1),
+            self.flags,
+        ]
+    }
+}
+
+/// A command buffer being recorded.
+pub struct Recorder {
+    /// The builder.
+    pub cb: AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>,
+    kernels: Arc<Kernels>,
+    act_set: Arc<DescriptorSet>,
+}
+
+/// Makes a descriptor set for `kernel`'s set 0 from buffers bound at 0, 1, ...
+pub fn set0(
+    ctx: &VulkanContext,
+    kernel: &Kernel,
+    buffers: &[Subbuffer<[u8]>],
+) -> Result<Arc<DescriptorSet>, VulkanError> {
+    DescriptorSet::new(
+        ctx.descriptors.clone(),
+        kernel.set0(),
+        buffers.iter().enumerate().map(|(i, b)| WriteDescriptorSet::buffer(i as u32, b.clone())),
+        [],
+    )
+    .map_err(verr("creating a descriptor set"))
+}
+
+/// The kernels for weights of `dtype`.
+pub fn typed(k: &Kernels, dtype: DType) -> &TypedKernels {
+    match dtype {
+        DType::F32 => &k.f32,
+        DType::Bf16 => &k.bf16,
+    }
+}
+
+impl Recorder {
+    /// Starts a one-time command buffer on the compute queue.
+    pub fn new(
+        ctx: &VulkanContext,
+        kernels: Arc<Kernels>,
+        act_set: Arc<DescriptorSet>,
+    ) -> Result<Self, VulkanError> {
+        let cb = AutoCommandBufferBuilder::primary(
+            ctx.commands.clone(),
+            ctx.compute.queue_family_index(),
+            CommandBufferUsage::OneTimeSubmit,
+        )
+        .map_err(verr("starting a command buffer"))?;
+        Ok(Recorder { cb, kernels, act_set })
+    }
+
+    /// Records one dispatch of `kernel`.
+    pub fn dispatch<const N: usize>(
+        &mut self,
+        kernel: &Kernel,
+        set: Option<Arc<DescriptorSet>>,
+        push: [u32; N],
+        groups: [u32; 3],
+    ) -> Result<(), VulkanError> {
+        let e = verr("recording a dispatch");
+        self.cb.bind_pipeline_compute(kernel.pipeline.clone()).map_err(&e)?;
+        let (first, sets) = match set {
+            Some(s) => (0, vec![s, self.act_set.clone()]),
+            None => (1, vec![self.act_set.clone()]),
+        };
+        self.cb
+            .bind_descriptor_sets(PipelineBindPoint::Compute, kernel.layout.clone(), first, sets)
+            .map_err(&e)?;
+        self.cb.push_constants(kernel.layout.clone(), 0, push).map_err(&e)?;
+        // SAFETY: every index a kernel forms is bounded by the push constants, which the
+        // callers derive from the sizes the buffers were allocated with.
+        unsafe { self.cb.dispatch(groups) }.map_err(&e)?;
+        Ok(())
+    }
+
+    /// A matmul (`batched`) or matvec over `a.rows` rows.
+    pub fn matmul(
+        &mut self,
+        dtype: DType,
+        batched: bool,
+        set: Arc<DescriptorSet>,
+        a: MatmulArgs,
+    ) -> Result<(), VulkanError> {
+        let t = typed(&self.kernels, dtype);
+        let k = if batched { t.matmul.clone() } else { t.matvec.clone() };
+        self.dispatch(&k, Some(set), a.words(), [a.rows.div_ceil(4), 1, 1])
+    }
+
+    /// The fused gate/up + SiLU product (`batched` or m=1 kernel).
+    pub fn gate_up(
+        &mut self,
+        dtype: DType,
+        batched: bool,
+        set: Arc<DescriptorSet>,
+        a: MatmulArgs,
+    ) -> Result<(), VulkanError> {
+        let t = typed(&self.kernels, dtype);
+        let k = if batched { t.gate_up_batched.clone() } else { t.gate_up.clone() };
+        self.dispatch(&k, Some(set), a.words(), [a.rows.div_ceil(4), 1, 1])
+    }
+
+    /// RMSNorm of `m` rows of `n` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm(
+        &mut self,
+        set: Arc<DescriptorSet>,
+        n: u32,
+        m: u32,
+        in_off: u32,
+        in_stride: u32,
+        out_off: u32,
+        out_stride: u32,
+        eps: f32,
+    ) -> Result<(), VulkanError> {
+        let k = self.kernels.rmsnorm.clone();
+        self.dispatch(&k, Some(set), [n, in_off, in_stride, out_off, out_stride, eps.to_bits()], [1, m, 1])
+    }
+
+    /// Copies `src` to `dst`.
+    pub fn copy<T: vulkano::buffer::BufferContents + ?Sized>(
+        &mut self,
+        src: Subbuffer<T>,
+        dst: Subbuffer<T>,
+    ) -> Result<(), VulkanError> {
+        self.cb.copy_buffer(CopyBufferInfo::buffers(src, dst)).map_err(verr("recording a copy"))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The Vulkan backend on a lent GPU machine (the `device` tool), in two steps.
+#
+#   bench/vulkan_gpu.sh pack DIR   (here) build the test binaries, the `vulkan` bench and
+#                                  the release `smoe-pipeline`, strip them and copy them
+#                                  with the fixtures and this script into DIR
+#   bash DIR/vulkan_gpu.sh run     (there) unpack the Vulkan loader from .gl/*.deb (see
+#                                  the device README), run the kernel-identity and
+#                                  fixture tests, the bit-identity diagnosis, the kernel
+#                                  benchmarks and the end-to-end table; logs go to $OUT
+#
+# The test binaries look for fixtures and the binary under the path of the checkout they
+# were built in, so `run` recreates that path.
+set -euo pipefail
+case "${1:-}" in
+pack)
+  dir=$(realpath -m "$2")
+  cd "$(dirname "$0")/.."
+  cargo build --release --bin smoe-pipeline
+  cargo build --release -p smoe-bench --bin vulkan
+  mkdir -p "$dir"
+  cargo test --no-run --test vulkan_kernels --test vulkan_forward --message-format json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    try:
+        j = json.loads(l)
+    except ValueError:
+        continue
+    if j.get("reason") == "compiler-artifact" and j.get("executable"):
+        print(j["target"]["name"], j["executable"])' |
+    while read -r name exe; do strip -o "$dir/$name" "$exe"; done
+  strip -o "$dir/smoe-pipeline" target/release/smoe-pipeline
+  strip -o "$dir/vulkan" target/release/vulkan
+  rm -rf "$dir/fixtures" && cp -r tests/fixtures "$dir/fixtures"
+  cp bench/vulkan_gpu.sh "$dir/"
+  pwd > "$dir/checkout_path"
+  du -sh "$dir"
+  ;;
+run)
+  set +e
+  G=$(realpath "$(dirname "$0")")
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  export XDG_RUNTIME_DIR=/tmp RUST_BACKTRACE=1
+  src=$(cat "$G/checkout_path")
+  mkdir -p "$src/target/debug" "$src/tests"
+  cp -r "$G/fixtures" "$src/tests/"
+  cp "$G/smoe-pipeline" "$src/target/debug/smoe-pipeline"
+  if ! "$G/smoe-pipeline" devices >/dev/null 2>&1; then
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  fi
+  "$G/smoe-pipeline" devices | tee "$OUT/devices.txt"
+  D=$("$G/smoe-pipeline" devices --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(next((x['index'] for x in d if x['usable'] and 'discrete' in x['kind']), 0))")
+  export SMOE_VULKAN_DEVICE=$D
+  cd "$src"
+  timeout 60 "$G/vulkan_kernels" --test-threads 1 2>&1 | tee "$OUT/tests.log" | grep -E "test |result"
+  for i in 1 2 3; do
+    timeout 60 "$G/vulkan_forward" --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/tests.log" |
+      grep -E "max \||test result|panicked|left|right"
+  done
+  for f in bf16_sharded dense0_gqa moe_all; do
+    "$G/smoe-pipeline" convert --hf "tests/fixtures/$f" --out "/tmp/$f.vault" --force >/dev/null 2>&1
+    echo "== diag $f"; timeout 60 "$G/vulkan" diag "/tmp/$f.vault" "$D" 2>&1 | tee -a "$OUT/diag.txt"
+  done
+  timeout 100 "$G/vulkan" kernels "$D" 2>&1 | tee "$OUT/bench_kernels.txt"
+  timeout 60 "$G/smoe-pipeline" synth --preset qwen3-30b-a3b --layers 3 --out /tmp/q30 2>&1 | tail -1
+  echo "== diag q30 (3 layers)"; timeout 120 "$G/vulkan" diag /tmp/q30 "$D" 2>&1 | tee -a "$OUT/diag.txt"
+  timeout 90 "$G/vulkan" e2e /tmp/q30 256 32 64 128 "$D" resident 2>&1 | tee "$OUT/e2e.txt"
+  timeout 60 "$G/vulkan" e2e /tmp/q30 256 32 64 128 "$D" resident staged 2>&1 | grep vulkan | tee -a "$OUT/e2e.txt"
+  timeout 80 "$G/vulkan" e2e /tmp/q30 64 16 64 128 "$D" streamed 2>&1 | tee -a "$OUT/e2e.txt"
+  ;;
+*)
+  echo "usage: $0 pack DIR | $0 run" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Recompiles the checked-in SPIR-V (shaders/spv/) from the GLSL sources with glslc,
+# exactly as actors/build.rs and tests/vulkan_spirv.rs do.
+set -euo pipefail
+cd "$(dirname "$0")/../shaders"
+grep -v '^#' shaders.txt | while read -r name src defs; do
+  [ -n "$name" ] || continue
+  # shellcheck disable=SC2086
+  glslc --target-env=vulkan1.2 -O $defs "$src" -o "spv/$name.spv"
+done
+echo "rebuilt $(ls spv | wc -l) SPIR-V modules in shaders/spv/"

@@ -1,0 +1,48 @@
+#version 450
+// RMSNorm of one row per workgroup (workgroup y = token): out = w * (x / sqrt(mean(x²) + eps)).
+// The m=1 and batched dispatches run this same per-row program; a row's result does not
+// depend on how many rows were dispatched with it.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+
+layout(push_constant) uniform Params {
+    uint n;          // elements per row
+    uint in_off;     // act offset of token 0's row
+    uint in_stride;
+    uint out_off;
+    uint out_stride;
+    float eps;
+} pc;
+
+layout(set = 0, binding = 0) readonly buffer Nw { float nw[]; };
+
+shared float red[WG_SIZE];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint t = gl_WorkGroupID.y;
+    uint xi = pc.in_off + t * pc.in_stride;
+    uint oi = pc.out_off + t * pc.out_stride;
+    precise float ss = 0.0;
+    for (uint i = tid; i < pc.n; i += WG_SIZE) {
+        float v = act[xi + i];
+        ss = ss + v * v;
+    }
+    red[tid] = ss;
+    barrier();
+    for (uint s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if (tid < s) {
+            precise float r = red[tid] + red[tid + s];
+            red[tid] = r;
+        }
+        barrier();
+    }
+    precise float ms = red[0] / float(pc.n);
+    precise float r = 1.0 / sqrt(ms + pc.eps);
+    for (uint i = tid; i < pc.n; i += WG_SIZE) {
+        precise float o = nw[i] * (act[xi + i] * r);
+        act[oi + i] = o;
+    }
+}

@@ -1,0 +1,179 @@
+//! The engine on the Vulkan backend: the fixtures' greedy ids, logits against the CPU
+//! backend (and transformers) within a measured tolerance, and layer-major blocks
+//! byte-identical to token-serial replay on the same backend.
+#![cfg(feature = "vulkan")]
+
+mod common;
+mod vulkan;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::*;
+use smoe_actors::engine::{Engine, EngineOptions, RingSize};
+use smoe_actors::forward::KvCache;
+use smoe_actors::ring::memory::HostAllocator;
+use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanForward};
+
+/// Agreement required between the Vulkan and CPU logits (measured max: see README).
+const CPU_TOLERANCE: f32 = 1e-4;
+/// Agreement required with the transformers goldens (the CPU engine is held to 1e-4).
+const GOLDEN_TOLERANCE: f32 = 2e-4;
+
+fn opts(ring_slots: usize) -> EngineOptions {
+    EngineOptions { max_context: 256, ring: RingSize::Slots(ring_slots), ..Default::default() }
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in l.iter().enumerate() {
+        if v > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Prefills `prompt[..n-1]` in blocks of `chunk`, then decodes `steps` greedy tokens;
+/// returns the ids and the logits of every decode step.
+fn greedy_vulkan(
+    fwd: &mut VulkanForward,
+    prompt: &[u32],
+    steps: usize,
+    chunk: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut kv = fwd.new_kv().unwrap();
+    let (last, body) = prompt.split_last().unwrap();
+    for c in body.chunks(chunk) {
+        assert!(fwd.forward(&mut kv, c, false).unwrap().is_none());
+    }
+    let (mut ids, mut rows) = (Vec::new(), Vec::new());
+    let mut next = *last;
+    for _ in 0..steps {
+        let l = fwd.forward(&mut kv, &[next], true).unwrap().unwrap().to_vec();
+        next = argmax(&l);
+        ids.push(next);
+        rows.push(l);
+    }
+    assert_eq!(kv.len(), prompt.len() + steps - 1);
+    (ids, rows)
+}
+
+fn greedy_cpu(engine: &Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut fwd = engine.forward(1);
+    let mut kv = KvCache::new(&engine.model);
+    let (last, body) = prompt.split_last().unwrap();
+    for &t in body {
+        fwd.forward(&mut kv, &[t], false).unwrap();
+    }
+    let (mut ids, mut rows) = (Vec::new(), Vec::new());
+    let mut next = *last;
+    for _ in 0..steps {
+        let l = fwd.forward(&mut kv, &[next], true).unwrap().unwrap().to_vec();
+        next = argmax(&l);
+        ids.push(next);
+        rows.push(l);
+    }
+    (ids, rows)
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[f32]) -> f32 {
+    a.iter().flatten().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn open(ctx: &Arc<VulkanContext>, vault: &Path, slots: usize, max_rows: usize) -> (Engine, VulkanForward) {
+    let alloc = VulkanAllocator::new(ctx.clone());
+    let engine = Engine::open(vault, &opts(slots), &alloc).unwrap();
+    let fwd = VulkanForward::for_engine(ctx.clone(), &alloc, &engine, max_rows).unwrap();
+    (engine, fwd)
+}
+
+fn check_fixture(name: &str, convert_args: &[&str]) {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert(name, dir.path(), convert_args);
+    let cpu = Engine::open(&vault, &opts(64), &HostAllocator).unwrap();
+    // Serial with a roomy ring; chunked with a ring smaller than a block's union (the
+    // expert work then runs in batches the ring can hold), which must not change a bit.
+    let (_e1, mut serial) = open(&ctx, &vault, 64, 1);
+    let (_e2, mut chunked) = open(&ctx, &vault, 3, 8);
+    let golden = fixture(name).join("golden_logits.safetensors");
+    let mut worst_cpu = 0.0f32;
+    let mut worst_golden = 0.0f32;
+    for (i, (prompt, greedy)) in golden_cases(name).iter().enumerate() {
+        let (ids, rows) = greedy_vulkan(&mut serial, prompt, greedy.len(), 1);
+        assert_eq!(&ids, greedy, "{name} case {i}: Vulkan greedy ids differ from transformers");
+        for chunk in [3, 8] {
+            let (cids, crows) = greedy_vulkan(&mut chunked, prompt, greedy.len(), chunk);
+            assert_eq!(cids, ids, "{name} case {i}: chunk {chunk} ids");
+            let a: Vec<u32> = rows.iter().flatten().map(|v| v.to_bits()).collect();
+            let b: Vec<u32> = crows.iter().flatten().map(|v| v.to_bits()).collect();
+            assert!(
+                a == b,
+                "{name} case {i}: layer-major (chunk {chunk}) logits are not byte-identical to serial"
+            );
+        }
+        let (_, cpu_rows) = greedy_cpu(&cpu, prompt, greedy.len());
+        let flat: Vec<f32> = cpu_rows.iter().flatten().copied().collect();
+        let d = max_diff(&rows, &flat);
+        worst_cpu = worst_cpu.max(d);
+        assert!(d <= CPU_TOLERANCE, "{name} case {i}: max |Vulkan - CPU| logit {d} > {CPU_TOLERANCE}");
+        let (_, theirs) = read_f32(&golden, &format!("case{i}"));
+        let g = max_diff(&rows, &theirs);
+        worst_golden = worst_golden.max(g);
+        assert!(g <= GOLDEN_TOLERANCE, "{name} case {i}: max |Vulkan - transformers| {g}");
+    }
+    eprintln!(
+        "{name} {convert_args:?} on {}: max |Vulkan - CPU| = {worst_cpu:e}, max |Vulkan - transformers| = {worst_golden:e}",
+        ctx.info.name
+    );
+}
+
+#[test]
+fn vulkan_all_moe_f32_matches() {
+    check_fixture("moe_all", &[]);
+}
+
+#[test]
+fn vulkan_dense_layer0_gqa_tied_matches() {
+    check_fixture("dense0_gqa", &[]);
+}
+
+#[test]
+fn vulkan_bf16_sharded_matches() {
+    check_fixture("bf16_sharded", &[]);
+}
+
+#[test]
+fn vulkan_staged_and_zero_copy_prefill_agree_bytewise() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let (_e, mut fwd) = open(&ctx, &vault, 64, 8);
+    let prompt: Vec<u32> = (0..21).map(|i| (i * 37 + 5) % 448).collect();
+    fwd.set_expert_path(ExpertPath::ZeroCopy).unwrap();
+    let (a_ids, a) = greedy_vulkan(&mut fwd, &prompt, 4, 8);
+    for path in [ExpertPath::StagedPrefill, ExpertPath::Staged] {
+        fwd.set_expert_path(path).unwrap();
+        let (b_ids, b) = greedy_vulkan(&mut fwd, &prompt, 4, 8);
+        assert_eq!(a_ids, b_ids, "{path:?}");
+        assert!(
+            a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{path:?}"
+        );
+    }
+}
+
+#[test]
+fn vulkan_bad_input_is_an_error_not_a_panic() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let (_e, mut fwd) = open(&ctx, &vault, 8, 4);
+    let mut kv = fwd.new_kv().unwrap();
+    let err = fwd.forward(&mut kv, &[100_000], true).unwrap_err().to_string();
+    assert!(err.contains("out of the vocabulary"), "{err}");
+    let err = fwd.forward(&mut kv, &[1; 5], true).unwrap_err().to_string();
+    assert!(err.contains("block of 5 tokens"), "{err}");
+    assert!(VulkanContext::new(999).err().unwrap().to_string().contains("--backend cpu"));
+}
