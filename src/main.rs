@@ -64,7 +64,10 @@ fn main() -> ExitCode {
     // `serve` sets up logging itself, at its configured level.
     if !matches!(cli.command, Command::Serve(_)) {
         tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
             .with_writer(std::io::stderr)
             .init();
     }

@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::forward::{ClaimTally, Forward, ForwardError, KvCache};
+use crate::forward::{ClaimTally, ForwardError};
+use crate::forward_pass::{ForwardPass, KvState};
 use crate::sampler::{Sampler, SamplingParams};
 
 /// What to generate.
@@ -89,9 +90,9 @@ fn rate(n: usize, t: Duration) -> f64 {
 /// the rest of the prompt is prefilled, in chunks of `fwd.max_rows()` tokens.
 /// `on_token(id, logits)` is called for every generated token, with the logits that
 /// produced it; returning `false` stops generation.
-pub fn generate(
-    fwd: &mut Forward,
-    kv: &mut KvCache,
+pub fn generate<P: ForwardPass>(
+    fwd: &mut P,
+    kv: &mut P::Kv,
     req: &GenerateRequest,
     mut on_token: impl FnMut(u32, &[f32]) -> bool,
 ) -> Result<(FinishReason, GenerateStats), ForwardError> {

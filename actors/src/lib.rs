@@ -5,6 +5,7 @@
 pub mod blob_check;
 pub mod engine;
 pub mod forward;
+pub mod forward_pass;
 pub mod generation;
 pub mod kernels;
 pub mod model;

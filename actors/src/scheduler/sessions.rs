@@ -3,24 +3,7 @@
 //! longest prefix with its prompt (the cache truncated to that prefix), or a fresh or
 //! recycled cache when nothing matches, and checks it back in when done.
 
-use crate::forward::KvCache;
-
-/// A cache that can be cut back to a prefix.
-pub trait PrefixCache {
-    /// Positions held.
-    fn positions(&self) -> usize;
-    /// Keeps only the first `len` positions.
-    fn truncate(&mut self, len: usize);
-}
-
-impl PrefixCache for KvCache {
-    fn positions(&self) -> usize {
-        self.len()
-    }
-    fn truncate(&mut self, len: usize) {
-        KvCache::truncate(self, len)
-    }
-}
+use crate::forward_pass::KvState;
 
 /// One stored stream: `tokens[i]` is the token at cache position `i`.
 struct Session<C> {
@@ -44,7 +27,7 @@ pub struct SessionStore<C> {
     clock: u64,
 }
 
-impl<C: PrefixCache> SessionStore<C> {
+impl<C: KvState> SessionStore<C> {
     /// An empty store for up to `capacity` caches (at least one).
     pub fn new(capacity: usize) -> Self {
         SessionStore { sessions: Vec::new(), capacity: capacity.max(1), clock: 0 }
@@ -70,9 +53,7 @@ impl<C: PrefixCache> SessionStore<C> {
             .sessions
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                (common_prefix(&s.tokens, prompt).min(cap).min(s.cache.positions()), s.last_used, i)
-            })
+            .map(|(i, s)| (common_prefix(&s.tokens, prompt).min(cap).min(s.cache.len()), s.last_used, i))
             .max();
         if let Some((cached, _, i)) = best.filter(|b| b.0 > 0) {
             let mut s = self.sessions.swap_remove(i);
@@ -92,7 +73,7 @@ impl<C: PrefixCache> SessionStore<C> {
     /// Stores `cache` holding `tokens` (cut to the positions the cache holds) as the
     /// most recently used stream; an empty stream is stored as the first to recycle.
     pub fn checkin(&mut self, mut tokens: Vec<u32>, cache: C) {
-        tokens.truncate(cache.positions());
+        tokens.truncate(cache.len());
         self.clock += 1;
         let last_used = if tokens.is_empty() { 0 } else { self.clock };
         self.sessions.push(Session { tokens, cache, last_used });
@@ -119,8 +100,8 @@ mod tests {
         len: usize,
     }
 
-    impl PrefixCache for Fake {
-        fn positions(&self) -> usize {
+    impl KvState for Fake {
+        fn len(&self) -> usize {
             self.len
         }
         fn truncate(&mut self, len: usize) {
