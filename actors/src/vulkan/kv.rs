@@ -44,3 +44,12 @@ impl VulkanKvCache {
         self.len = self.len.min(len);
     }
 }
+
+impl crate::forward_pass::KvState for VulkanKvCache {
+    fn len(&self) -> usize {
+        VulkanKvCache::len(self)
+    }
+    fn truncate(&mut self, len: usize) {
+        VulkanKvCache::truncate(self, len)
+    }
+}
