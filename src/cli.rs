@@ -80,6 +80,12 @@ pub struct VerifyArgs {
     /// I/O path: auto, io-uring or pread.
     #[arg(long, default_value = "auto")]
     pub io: smoe_actors::streamer::IoChoice,
+    /// Compute backend to check: cpu or vulkan (both paths run on it).
+    #[arg(long, default_value = "cpu")]
+    pub backend: smoe_actors::executor::Backend,
+    /// Vulkan device index.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
 }
 
 /// Arguments of `devices`.
@@ -181,6 +187,12 @@ pub struct EngineArgs {
     /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
     #[arg(long, default_value_t = 0)]
     pub spec_depth: usize,
+    /// Compute backend: cpu (the reference) or vulkan.
+    #[arg(long, default_value = "cpu")]
+    pub backend: smoe_actors::executor::Backend,
+    /// Vulkan device index (see `smoe-pipeline devices`).
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
 }
 
 /// How the prompt is run.
@@ -223,9 +235,12 @@ pub struct ServeArgs {
     /// Log filter (error, warn, info, debug, trace).
     #[arg(long)]
     pub log_level: Option<String>,
-    /// Compute backend (cpu).
+    /// Compute backend (cpu or vulkan).
     #[arg(long)]
     pub backend: Option<String>,
+    /// Vulkan device index (see `smoe-pipeline devices`).
+    #[arg(long)]
+    pub device: Option<usize>,
     /// Longest sequence (prompt + completion) per session.
     #[arg(long)]
     pub max_context: Option<usize>,

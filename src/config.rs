@@ -32,8 +32,10 @@ pub struct Config {
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive);
     /// `RUST_LOG` wins when set.
     pub log_level: String,
-    /// Compute backend (`cpu`).
+    /// Compute backend (`cpu` or `vulkan`).
     pub backend: String,
+    /// Vulkan device index (see `smoe-pipeline devices`).
+    pub device: usize,
     /// Longest sequence (prompt + completion) a session holds.
     pub max_context: usize,
     /// Ring slots (one expert each); conflicts with `ring_bytes`.
@@ -88,6 +90,7 @@ impl Default for Config {
             api_key: None,
             log_level: "info".into(),
             backend: "cpu".into(),
+            device: 0,
             max_context: 8192,
             ring_slots: None,
             ring_bytes: None,
@@ -178,6 +181,7 @@ impl Config {
         set(&mut self.listen, &a.listen);
         set(&mut self.log_level, &a.log_level);
         set(&mut self.backend, &a.backend);
+        set(&mut self.device, &a.device);
         set(&mut self.max_context, &a.max_context);
         set(&mut self.io, &a.io);
         set(&mut self.queue_depth, &a.queue_depth);
@@ -186,6 +190,11 @@ impl Config {
         set(&mut self.max_sessions, &a.max_sessions);
         set(&mut self.max_queue, &a.max_queue);
         set(&mut self.shutdown_grace, &a.shutdown_grace);
+    }
+
+    /// The compute backend; the error names the key.
+    pub fn backend_kind(&self) -> Result<smoe_actors::executor::Backend> {
+        self.backend.parse().map_err(|e| anyhow!("invalid config: `backend`: {e}"))
     }
 
     /// Checks every key's range; the error names the key.
@@ -209,9 +218,8 @@ impl Config {
                 self.log_level
             )
         })?;
-        if self.backend != "cpu" {
-            bail!("invalid config: `backend` {:?} is not available in this build; use \"cpu\"", self.backend);
-        }
+        self.backend_kind()?;
+        range("device", self.device, 0, 255)?;
         range("max_context", self.max_context, 2, 1 << 20)?;
         if self.ring_slots.is_some() && self.ring_bytes.is_some() {
             bail!("invalid config: set `ring_slots` or `ring_bytes`, not both");

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use smoe_actors::engine::{Engine, EngineOptions, RingSize, DEFAULT_RING_BYTES};
-use smoe_actors::forward::KvCache;
+use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
+use smoe_actors::executor::Executor;
+use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::generation::{generate, GenerateRequest};
-use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::ring::slots::STATE_NAMES;
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::StreamerOptions;
@@ -33,7 +33,13 @@ use crate::tokenizer::{self, Detokenizer};
 
 /// Runs `generate` with parsed arguments.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let engine = Engine::open(&args.vault, &engine_options(&args.engine), &HostAllocator)?;
+    let rows = match args.prefill {
+        PrefillMode::LayerMajor => args.engine.chunk_size as usize,
+        PrefillMode::Serial => 1,
+    };
+    let opts = engine_options(&args.engine);
+    let (engine, mut fwd) =
+        Executor::open(&args.vault, &opts, args.engine.backend, args.engine.device, rows)?;
     let model = Arc::clone(&engine.model);
     let tok = match &args.prompt {
         Some(_) => Some(tokenizer::load(&args.vault)?),
@@ -70,15 +76,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         spec_depth: args.engine.spec_depth,
     };
 
-    let rows = match args.prefill {
-        PrefillMode::LayerMajor => args.engine.chunk_size as usize,
-        PrefillMode::Serial => 1,
-    };
-    let mut fwd = engine.forward(rows);
     if args.trace_out.is_some() {
         fwd.enable_trace();
     }
-    let mut kv = KvCache::new(&model);
+    let mut kv = fwd.new_kv()?;
     let mut detok = tok.as_ref().map(Detokenizer::new);
     let mut ids = Vec::new();
     let mut logits_rows: Vec<f32> = Vec::new();

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
-use smoe_actors::engine::{Engine, EngineOptions, RingSize, DEFAULT_RING_BYTES};
-use smoe_actors::forward::KvCache;
+use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
+use smoe_actors::executor::Executor;
+use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::generation::{generate, GenerateRequest};
-use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::StreamerOptions;
 
@@ -25,9 +25,8 @@ struct Run {
     ids: Vec<u32>,
 }
 
-fn greedy(engine: &Engine, prompt: &[u32], chunk: usize, tokens: usize) -> Result<Run> {
-    let mut fwd = engine.forward(chunk);
-    let mut kv = KvCache::new(&engine.model);
+fn greedy(fwd: &mut Executor, prompt: &[u32], tokens: usize) -> Result<Run> {
+    let mut kv = fwd.new_kv()?;
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
         max_tokens: tokens,
@@ -36,7 +35,7 @@ fn greedy(engine: &Engine, prompt: &[u32], chunk: usize, tokens: usize) -> Resul
         spec_depth: 0,
     };
     let mut run = Run { logits: Vec::new(), ids: Vec::new() };
-    generate(&mut fwd, &mut kv, &req, |id, logits| {
+    generate(fwd, &mut kv, &req, |id, logits| {
         run.ids.push(id);
         run.logits.extend_from_slice(logits);
         true
@@ -101,7 +100,17 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
         ring: args.ring_slots.map_or(RingSize::Bytes(DEFAULT_RING_BYTES), RingSize::Slots),
         streamer: StreamerOptions { io: args.io, ..Default::default() },
     };
-    let engine = Engine::open(&args.vault, &opts, &HostAllocator)?;
+    // Token-serial replay (blocks of one) and one layer-major pass per chunk size, all
+    // on the same backend and sharing one engine's ring.
+    let (engine, mut serial) = Executor::open(&args.vault, &opts, args.backend, args.device, 1)?;
+    let mut layer_major = Vec::new();
+    for &chunk in &args.chunk_sizes {
+        layer_major.push(match &serial {
+            Executor::Cpu(_) => Executor::Cpu(Box::new(engine.forward(chunk))),
+            #[cfg(feature = "vulkan")]
+            Executor::Vulkan(_) => Executor::open(&args.vault, &opts, args.backend, args.device, chunk)?.1,
+        });
+    }
     if engine.model.max_context < longest + args.tokens {
         bail!(
             "the longest prompt ({longest} tokens) plus {} generated tokens exceeds the model's context ({})",
@@ -112,9 +121,9 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
     println!("{:>8} {:>6} {:>14} {:>10} {:>12}", "prompt", "chunk", "logits", "tokens", "first diff");
     let mut failures = 0;
     for prompt in &prompts {
-        let reference = greedy(&engine, prompt, 1, args.tokens)?;
-        for &chunk in &args.chunk_sizes {
-            let run = greedy(&engine, prompt, chunk, args.tokens)?;
+        let reference = greedy(&mut serial, prompt, args.tokens)?;
+        for (&chunk, fwd) in args.chunk_sizes.iter().zip(layer_major.iter_mut()) {
+            let run = greedy(fwd, prompt, args.tokens)?;
             let same_logits = reference.logits.len() == run.logits.len()
                 && reference.logits.iter().zip(&run.logits).all(|(a, b)| a.to_bits() == b.to_bits());
             let same_ids = reference.ids == run.ids;

@@ -29,6 +29,9 @@ pub enum ForwardError {
         /// Positions available.
         max: usize,
     },
+    /// The compute device failed (GPU backends).
+    #[error("{0}")]
+    Device(String),
     /// A token id is outside the vocabulary.
     #[error("token id {id} is out of the vocabulary (size {vocab})")]
     TokenOutOfVocab {

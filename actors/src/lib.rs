@@ -4,6 +4,7 @@
 
 pub mod blob_check;
 pub mod engine;
+pub mod executor;
 pub mod forward;
 pub mod forward_pass;
 pub mod generation;

@@ -20,8 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use kameo::actor::Spawn;
-use smoe_actors::engine::Engine;
-use smoe_actors::ring::memory::HostAllocator;
+use smoe_actors::executor::Executor;
 use smoe_actors::scheduler::{CancelAll, Drain, Scheduler, SchedulerOptions};
 use tokio::sync::watch;
 
@@ -69,8 +68,14 @@ async fn serve(config: Config) -> Result<()> {
     if demo {
         tracing::warn!("no vault configured: serving the built-in {}", demo::LABEL);
     }
-    let engine = Engine::open(&vault, &config.engine_options()?, &HostAllocator)
-        .with_context(|| format!("cannot open the vault {}", vault.display()))?;
+    let (engine, executor) = Executor::open(
+        &vault,
+        &config.engine_options()?,
+        config.backend_kind()?,
+        config.device,
+        config.chunk_size,
+    )
+    .with_context(|| format!("cannot open the vault {}", vault.display()))?;
     if engine.model.max_context < config.max_context {
         tracing::warn!(
             "max_context {} is beyond the model's trained context: using {}",
@@ -121,7 +126,7 @@ async fn serve(config: Config) -> Result<()> {
         description: demo.then(|| demo::LABEL.to_string()),
     };
     let scheduler = Scheduler::spawn((
-        engine.forward(config.chunk_size),
+        executor,
         SchedulerOptions { max_queue: config.max_queue, max_sessions: config.max_sessions },
     ));
     let st = Arc::new(AppState {

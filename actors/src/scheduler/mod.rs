@@ -15,7 +15,7 @@ use kameo::actor::{Actor, ActorRef};
 use kameo::message::{Context, Message};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::forward::Forward;
+use crate::executor::Executor;
 use crate::generation::{FinishReason, GenerateRequest, GenerateStats};
 
 /// Gauge: jobs waiting for the compute thread.
@@ -117,7 +117,7 @@ pub struct Scheduler {
 }
 
 impl Actor for Scheduler {
-    type Args = (Forward, SchedulerOptions);
+    type Args = (Executor, SchedulerOptions);
     type Error = std::io::Error;
 
     async fn on_start((forward, opts): Self::Args, me: ActorRef<Self>) -> Result<Self, Self::Error> {

@@ -47,7 +47,11 @@ impl<C: KvState> SessionStore<C> {
     /// (capped at `prompt.len() - 1`, so at least one token is left to run), truncated
     /// to it; otherwise a new cache from `make` while under capacity, else the least
     /// recently used cache emptied.
-    pub fn checkout(&mut self, prompt: &[u32], make: impl FnOnce() -> C) -> Checkout<C> {
+    pub fn checkout<E>(
+        &mut self,
+        prompt: &[u32],
+        make: impl FnOnce() -> Result<C, E>,
+    ) -> Result<Checkout<C>, E> {
         let cap = prompt.len().saturating_sub(1);
         let best = self
             .sessions
@@ -58,16 +62,16 @@ impl<C: KvState> SessionStore<C> {
         if let Some((cached, _, i)) = best.filter(|b| b.0 > 0) {
             let mut s = self.sessions.swap_remove(i);
             s.cache.truncate(cached);
-            return Checkout { cache: s.cache, cached };
+            return Ok(Checkout { cache: s.cache, cached });
         }
         if self.sessions.len() < self.capacity {
-            return Checkout { cache: make(), cached: 0 };
+            return Ok(Checkout { cache: make()?, cached: 0 });
         }
         let lru =
             (0..self.sessions.len()).min_by_key(|&i| self.sessions[i].last_used).expect("store is full");
         let mut s = self.sessions.swap_remove(lru);
         s.cache.truncate(0);
-        Checkout { cache: s.cache, cached: 0 }
+        Ok(Checkout { cache: s.cache, cached: 0 })
     }
 
     /// Stores `cache` holding `tokens` (cut to the positions the cache holds) as the
@@ -115,10 +119,12 @@ mod tests {
         generated: &[u32],
         next_id: &mut u32,
     ) -> (u32, usize) {
-        let c = store.checkout(prompt, || {
-            *next_id += 1;
-            Fake { id: *next_id, len: 0 }
-        });
+        let c = store
+            .checkout(prompt, || {
+                *next_id += 1;
+                Ok::<_, ()>(Fake { id: *next_id, len: 0 })
+            })
+            .expect("infallible");
         let (id, cached) = (c.cache.id, c.cached);
         let mut cache = c.cache;
         // The engine fills the prompt and all generated tokens but the last.

@@ -12,12 +12,14 @@ use super::{
     JobEvent, JobFailure, Queued, Scheduler, WorkerIdle, CACHED_PROMPT_TOKENS, DECODE_TOKENS, PREFILL_TOKENS,
     SESSIONS, TOKEN_LATENCY_SECONDS, TTFT_SECONDS,
 };
-use crate::forward::{Forward, ForwardError, KvCache};
+use crate::executor::{Executor, ExecutorKv};
+use crate::forward::ForwardError;
+use crate::forward_pass::{ForwardPass, KvState};
 use crate::generation::generate;
 
 /// Runs jobs from `jobs` until the scheduler goes away.
 pub(super) fn run(
-    mut fwd: Forward,
+    mut fwd: Executor,
     max_sessions: usize,
     jobs: flume::Receiver<Queued>,
     scheduler: ActorRef<Scheduler>,
@@ -35,15 +37,20 @@ pub(super) fn run(
 }
 
 /// Runs one job to its end, checking its cache back into the store.
-fn run_job(fwd: &mut Forward, store: &mut SessionStore<KvCache>, q: Queued) {
+fn run_job(fwd: &mut Executor, store: &mut SessionStore<ExecutorKv>, q: Queued) {
     let Queued { job, admitted, cancel } = q;
     let req = &job.request;
     if req.prompt.is_empty() {
         let _ = job.events.send(JobEvent::Failed(JobFailure::Invalid("the prompt is empty".into())));
         return;
     }
-    let model = fwd.model().clone();
-    let checkout = store.checkout(&req.prompt, || KvCache::new(&model));
+    let checkout = match store.checkout(&req.prompt, || fwd.new_kv()) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = job.events.send(JobEvent::Failed(JobFailure::Internal(e.to_string())));
+            return;
+        }
+    };
     let (mut kv, cached) = (checkout.cache, checkout.cached);
     let _ = job.events.send(JobEvent::Started { prompt_tokens: req.prompt.len(), cached_tokens: cached });
     let mut generated = Vec::new();
