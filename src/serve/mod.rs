@@ -87,13 +87,15 @@ async fn serve(config: Config) -> Result<()> {
     let template = chat_template::ChatTemplate::load(&vault)?;
     let cfg = &engine.model.cfg;
     tracing::info!(
-        "vault {}: {} layers, {} experts ({} per token), vocabulary {}, ring {} slots, io {}, max_context {}, \
-         chunk_size {}, spec_depth {}; chat template: {}",
+        "vault {}: {} layers, {} experts ({} per token), vocabulary {}, backend {} (device {}), ring {} slots, \
+         io {}, max_context {}, chunk_size {}, spec_depth {}; chat template: {}",
         vault.display(),
         cfg.num_hidden_layers,
         cfg.num_experts,
         cfg.num_experts_per_tok,
         cfg.vocab_size,
+        config.backend,
+        config.device,
         engine.ring.n_slots(),
         engine.ring.io_mode().name(),
         engine.model.max_context,
