@@ -181,12 +181,6 @@ impl Vault {
             crc32c: entry.crc32c,
         })
     }
-
-    /// Total bytes of all expert blobs (payload, not padding).
-    pub fn expert_bytes(&self) -> u64 {
-        let n: usize = self.manifest.experts.layers.iter().map(|l| l.blobs.len()).sum();
-        n as u64 * self.manifest.experts.layout.blob_len
-    }
 }
 
 /// Checks the expert index against the model and the layer files' sizes; returns the
