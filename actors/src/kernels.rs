@@ -167,6 +167,85 @@ pub fn row_dot(w: &WeightView<'_>, r: usize, x: &[f32]) -> f32 {
     }
 }
 
+/// `W[r] · x` for four vectors at once, each bitwise equal to [`row_dot`].
+#[inline]
+fn row_dot4(w: &WeightView<'_>, r: usize, xs: [&[f32]; 4]) -> [f32; 4] {
+    let c = w.cols;
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 is present; every vector has `c` elements.
+        return unsafe {
+            match w.data {
+                WeightData::F32(d) => dot4_avx2(&d[r * c..(r + 1) * c], xs, |p, i| {
+                    let v = std::arch::x86_64::_mm256_loadu_ps(p.add(i));
+                    (v, std::arch::x86_64::_mm256_loadu_ps(p.add(i + 8)))
+                }),
+                WeightData::Bf16(d) => dot4_avx2(&d[r * c..(r + 1) * c], xs, |p, i| widen16_avx2(p.add(i))),
+            }
+        };
+    }
+    xs.map(|x| row_dot(w, r, x))
+}
+
+/// Widens 16 bf16 values at `p` to two vectors of 8 f32 (exact).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn widen16_avx2(p: *const u16) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    let wv = _mm256_loadu_si256(p as *const __m256i);
+    let lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(wv)), 16));
+    let hi =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(wv, 1)), 16));
+    (lo, hi)
+}
+
+/// Four dot products of one weight row (elements of type `E`, loaded 16 at a time as
+/// f32 by `load`) with four vectors, each in the exact lane order of the m=1 kernels.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot4_avx2<E: Copy + Into<Widen>>(
+    w: &[E],
+    xs: [&[f32]; 4],
+    load: impl Fn(*const E, usize) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256),
+) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let n = w.len() / LANES * LANES;
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    let wp = w.as_ptr();
+    let mut i = 0;
+    while i < n {
+        let (lo, hi) = load(wp, i);
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(lo, _mm256_loadu_ps(x.as_ptr().add(i))));
+            a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(hi, _mm256_loadu_ps(x.as_ptr().add(i + 8))));
+        }
+        i += LANES;
+    }
+    let mut out = [0.0f32; 4];
+    for ((o, a), x) in out.iter_mut().zip(acc).zip(xs) {
+        *o = finish_avx2(a[0], a[1], w[n..].iter().zip(&x[n..]).map(|(e, b)| (*e).into().0 * b));
+    }
+    out
+}
+
+/// An element widened exactly to f32 (for the tails of the vector kernels).
+#[cfg(target_arch = "x86_64")]
+struct Widen(f32);
+
+#[cfg(target_arch = "x86_64")]
+impl From<f32> for Widen {
+    fn from(v: f32) -> Self {
+        Widen(v)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl From<u16> for Widen {
+    fn from(b: u16) -> Self {
+        Widen(bf16_to_f32(b))
+    }
+}
+
 /// m=1 matvec: `out[r] = W[r] · x`.
 pub fn matvec(w: &WeightView<'_>, x: &[f32], out: &mut [f32]) {
     debug_assert_eq!(x.len(), w.cols);
@@ -206,10 +285,25 @@ pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
     let work = |b: usize| {
         let r0 = b * block;
         let r1 = (r0 + block).min(rows);
-        for t in 0..m {
+        // Four tokens share each pass over a weight row (one load and widening of the
+        // weights feeds four dot products); each dot product is still the m=1 one.
+        let mut t = 0;
+        while t + 4 <= m {
+            let x = |i: usize| &xs[(t + i) * cols..(t + i + 1) * cols];
+            let group = [x(0), x(1), x(2), x(3)];
+            for r in r0..r1 {
+                let d = row_dot4(w, r, group);
+                for (i, v) in d.into_iter().enumerate() {
+                    // SAFETY: (t, r) pairs are disjoint across tasks since r ranges are.
+                    unsafe { *out_ptr.get().add((t + i) * rows + r) = v };
+                }
+            }
+            t += 4;
+        }
+        for t in t..m {
             let x = &xs[t * cols..(t + 1) * cols];
             for r in r0..r1 {
-                // SAFETY: (t, r) pairs are disjoint across tasks since r ranges are.
+                // SAFETY: as above.
                 unsafe { *out_ptr.get().add(t * rows + r) = row_dot(w, r, x) };
             }
         }
