@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use rayon::prelude::*;
-use smoe_proto::{ExpertKey, ExpertSource, VaultError};
+use smoe_proto::{ClaimInfo, ExpertKey, ExpertSource, VaultError};
 
 use crate::kernels::{dot_f32, matmul, matvec, rmsnorm, rmsnorm_inplace, silu, softmax_inplace};
 use crate::model::{FfnRefs, LayerRefs, Model};
@@ -91,6 +91,17 @@ pub struct ClaimTally {
 }
 
 impl ClaimTally {
+    /// Counts one claim.
+    pub fn add(&mut self, info: ClaimInfo) {
+        self.claims += 1;
+        self.bytes += info.bytes;
+        if info.hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+    }
+
     /// The change from `earlier` to `self`.
     pub fn since(&self, earlier: &ClaimTally) -> ClaimTally {
         ClaimTally {
@@ -117,6 +128,14 @@ pub struct ClaimEvent {
     pub hit: bool,
     /// Bytes read on behalf of this claim.
     pub bytes: u64,
+}
+
+impl ClaimEvent {
+    /// The event of claiming expert `expert` of `layer` for the block of `rows` tokens
+    /// starting at `pos`.
+    pub fn new(pos: usize, rows: usize, layer: usize, expert: usize, info: ClaimInfo) -> Self {
+        ClaimEvent { pos, rows, layer, expert, hit: info.hit, bytes: info.bytes }
+    }
 }
 
 /// Buffers sized once for `max_rows` tokens; reused by every call.
@@ -455,23 +474,9 @@ impl Forward {
                     return Err(err);
                 }
             };
-            let info = blob.info();
-            self.tally.claims += 1;
-            self.tally.bytes += info.bytes;
-            if info.hit {
-                self.tally.hits += 1;
-            } else {
-                self.tally.misses += 1;
-            }
+            self.tally.add(blob.info());
             if let Some(trace) = self.trace.as_mut() {
-                trace.push(ClaimEvent {
-                    pos: start,
-                    rows: m,
-                    layer: l,
-                    expert: e as usize,
-                    hit: info.hit,
-                    bytes: info.bytes,
-                });
+                trace.push(ClaimEvent::new(start, m, l, e as usize, blob.info()));
             }
             let part = |p: &smoe_proto::PartLayout| {
                 let off = p.offset as usize;

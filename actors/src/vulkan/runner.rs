@@ -689,23 +689,9 @@ impl Runner {
             }
             match self.experts.claim(ExpertKey::new(l, e as usize)) {
                 Ok(b) => {
-                    let info = b.info();
-                    self.tally.claims += 1;
-                    self.tally.bytes += info.bytes;
-                    if info.hit {
-                        self.tally.hits += 1;
-                    } else {
-                        self.tally.misses += 1;
-                    }
+                    self.tally.add(b.info());
                     if let Some(trace) = self.trace.as_mut() {
-                        trace.push(ClaimEvent {
-                            pos: start,
-                            rows: m,
-                            layer: l,
-                            expert: e as usize,
-                            hit: info.hit,
-                            bytes: info.bytes,
-                        });
+                        trace.push(ClaimEvent::new(start, m, l, e as usize, b.info()));
                     }
                     self.handles.push(b);
                 }
