@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::*;
 use smoe_actors::engine::{Engine, EngineOptions, RingSize};
-use smoe_actors::forward::KvCache;
+use smoe_actors::forward_pass::{ForwardPass, KvState};
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanForward};
 
@@ -35,9 +35,9 @@ fn argmax(l: &[f32]) -> u32 {
 }
 
 /// Prefills `prompt[..n-1]` in blocks of `chunk`, then decodes `steps` greedy tokens;
-/// returns the ids and the logits of every decode step.
-fn greedy_vulkan(
-    fwd: &mut VulkanForward,
+/// returns the ids and the logits of every decode step. Works on either backend.
+fn run_greedy<P: ForwardPass>(
+    fwd: &mut P,
     prompt: &[u32],
     steps: usize,
     chunk: usize,
@@ -56,24 +56,6 @@ fn greedy_vulkan(
         rows.push(l);
     }
     assert_eq!(kv.len(), prompt.len() + steps - 1);
-    (ids, rows)
-}
-
-fn greedy_cpu(engine: &Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut fwd = engine.forward(1);
-    let mut kv = KvCache::new(&engine.model);
-    let (last, body) = prompt.split_last().unwrap();
-    for &t in body {
-        fwd.forward(&mut kv, &[t], false).unwrap();
-    }
-    let (mut ids, mut rows) = (Vec::new(), Vec::new());
-    let mut next = *last;
-    for _ in 0..steps {
-        let l = fwd.forward(&mut kv, &[next], true).unwrap().unwrap().to_vec();
-        next = argmax(&l);
-        ids.push(next);
-        rows.push(l);
-    }
     (ids, rows)
 }
 
@@ -101,10 +83,10 @@ fn check_fixture(name: &str, convert_args: &[&str]) {
     let mut worst_cpu = 0.0f32;
     let mut worst_golden = 0.0f32;
     for (i, (prompt, greedy)) in golden_cases(name).iter().enumerate() {
-        let (ids, rows) = greedy_vulkan(&mut serial, prompt, greedy.len(), 1);
+        let (ids, rows) = run_greedy(&mut serial, prompt, greedy.len(), 1);
         assert_eq!(&ids, greedy, "{name} case {i}: Vulkan greedy ids differ from transformers");
         for chunk in [3, 8] {
-            let (cids, crows) = greedy_vulkan(&mut chunked, prompt, greedy.len(), chunk);
+            let (cids, crows) = run_greedy(&mut chunked, prompt, greedy.len(), chunk);
             assert_eq!(cids, ids, "{name} case {i}: chunk {chunk} ids");
             let a: Vec<u32> = rows.iter().flatten().map(|v| v.to_bits()).collect();
             let b: Vec<u32> = crows.iter().flatten().map(|v| v.to_bits()).collect();
@@ -113,7 +95,7 @@ fn check_fixture(name: &str, convert_args: &[&str]) {
                 "{name} case {i}: layer-major (chunk {chunk}) logits are not byte-identical to serial"
             );
         }
-        let (_, cpu_rows) = greedy_cpu(&cpu, prompt, greedy.len());
+        let (_, cpu_rows) = run_greedy(&mut cpu.forward(1), prompt, greedy.len(), 1);
         let flat: Vec<f32> = cpu_rows.iter().flatten().copied().collect();
         let d = max_diff(&rows, &flat);
         worst_cpu = worst_cpu.max(d);
@@ -152,10 +134,10 @@ fn vulkan_staged_and_zero_copy_prefill_agree_bytewise() {
     let (_e, mut fwd) = open(&ctx, &vault, 64, 8);
     let prompt: Vec<u32> = (0..21).map(|i| (i * 37 + 5) % 448).collect();
     fwd.set_expert_path(ExpertPath::ZeroCopy).unwrap();
-    let (a_ids, a) = greedy_vulkan(&mut fwd, &prompt, 4, 8);
+    let (a_ids, a) = run_greedy(&mut fwd, &prompt, 4, 8);
     for path in [ExpertPath::StagedPrefill, ExpertPath::Staged] {
         fwd.set_expert_path(path).unwrap();
-        let (b_ids, b) = greedy_vulkan(&mut fwd, &prompt, 4, 8);
+        let (b_ids, b) = run_greedy(&mut fwd, &prompt, 4, 8);
         assert_eq!(a_ids, b_ids, "{path:?}");
         assert!(
             a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| x.to_bits() == y.to_bits()),

@@ -155,10 +155,7 @@ impl ForwardPass for Executor {
             (Executor::Cpu(f), ExecutorKv::Cpu(kv)) => f.forward(kv, tokens, want_logits),
             #[cfg(feature = "vulkan")]
             (Executor::Vulkan(f), ExecutorKv::Vulkan(kv)) => {
-                f.forward(kv, tokens, want_logits).map_err(|e| match e {
-                    crate::vulkan::VulkanForwardError::Forward(e) => e,
-                    crate::vulkan::VulkanForwardError::Vulkan(e) => ForwardError::Device(e.to_string()),
-                })
+                ForwardPass::forward(&mut **f, kv, tokens, want_logits)
             }
             #[cfg(feature = "vulkan")]
             _ => Err(ForwardError::Device("a KV cache of another backend was passed to the executor".into())),

@@ -24,19 +24,31 @@ fn create_info(ctx: &VulkanContext, usage: BufferUsage) -> BufferCreateInfo {
     BufferCreateInfo { usage, sharing, ..Default::default() }
 }
 
+/// A buffer of `len` elements (at least one) in memory chosen by `filter`; `what`
+/// names it in errors.
+fn buffer<T: BufferContents>(
+    ctx: &VulkanContext,
+    len: u64,
+    usage: BufferUsage,
+    filter: MemoryTypeFilter,
+    what: &'static str,
+) -> Result<Subbuffer<[T]>, VulkanError> {
+    Buffer::new_slice::<T>(
+        ctx.memory.clone(),
+        create_info(ctx, usage | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC),
+        AllocationCreateInfo { memory_type_filter: filter, ..Default::default() },
+        len.max(1),
+    )
+    .map_err(verr(what))
+}
+
 /// A device-local buffer of `len` elements (at least one).
 pub fn device_buffer<T: BufferContents>(
     ctx: &VulkanContext,
     len: u64,
     usage: BufferUsage,
 ) -> Result<Subbuffer<[T]>, VulkanError> {
-    Buffer::new_slice::<T>(
-        ctx.memory.clone(),
-        create_info(ctx, usage | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC),
-        AllocationCreateInfo { memory_type_filter: MemoryTypeFilter::PREFER_DEVICE, ..Default::default() },
-        len.max(1),
-    )
-    .map_err(verr("allocating device memory"))
+    buffer(ctx, len, usage, MemoryTypeFilter::PREFER_DEVICE, "allocating device memory")
 }
 
 /// A host-visible, coherent buffer of `len` elements (at least one) that the host
@@ -46,16 +58,8 @@ pub fn host_buffer<T: BufferContents>(
     len: u64,
     usage: BufferUsage,
 ) -> Result<Subbuffer<[T]>, VulkanError> {
-    Buffer::new_slice::<T>(
-        ctx.memory.clone(),
-        create_info(ctx, usage | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC),
-        AllocationCreateInfo {
-            memory_type_filter: MemoryTypeFilter::PREFER_HOST | MemoryTypeFilter::HOST_RANDOM_ACCESS,
-            ..Default::default()
-        },
-        len.max(1),
-    )
-    .map_err(verr("allocating host-visible memory"))
+    let filter = MemoryTypeFilter::PREFER_HOST | MemoryTypeFilter::HOST_RANDOM_ACCESS;
+    buffer(ctx, len, usage, filter, "allocating host-visible memory")
 }
 
 /// Copies `bytes` into the start of `dst` through a staging buffer (start-up only: it

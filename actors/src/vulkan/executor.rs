@@ -11,7 +11,8 @@ use super::kv::{KvLayer, VulkanKvCache};
 use super::runner::{ExpertPath, Runner};
 use super::{VulkanError, VulkanForwardError};
 use crate::engine::Engine;
-use crate::forward::{ClaimEvent, ClaimTally};
+use crate::forward::{ClaimEvent, ClaimTally, ForwardError};
+use crate::forward_pass::ForwardPass;
 use crate::model::Model;
 
 struct ForwardJob {
@@ -240,5 +241,50 @@ impl Drop for VulkanForward {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl From<VulkanForwardError> for ForwardError {
+    fn from(e: VulkanForwardError) -> Self {
+        match e {
+            VulkanForwardError::Forward(e) => e,
+            VulkanForwardError::Vulkan(e) => ForwardError::Device(e.to_string()),
+        }
+    }
+}
+
+impl ForwardPass for VulkanForward {
+    type Kv = VulkanKvCache;
+    fn model(&self) -> &Arc<Model> {
+        VulkanForward::model(self)
+    }
+    fn max_rows(&self) -> usize {
+        VulkanForward::max_rows(self)
+    }
+    fn new_kv(&self) -> Result<VulkanKvCache, ForwardError> {
+        VulkanForward::new_kv(self).map_err(|e| ForwardError::Device(e.to_string()))
+    }
+    fn forward(
+        &mut self,
+        kv: &mut VulkanKvCache,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<Option<&[f32]>, ForwardError> {
+        Ok(VulkanForward::forward(self, kv, tokens, want_logits)?)
+    }
+    fn last_union_sizes(&self) -> &[usize] {
+        VulkanForward::last_union_sizes(self)
+    }
+    fn tally(&self) -> ClaimTally {
+        VulkanForward::tally(self)
+    }
+    fn set_spec_depth(&mut self, depth: usize) {
+        VulkanForward::set_spec_depth(self, depth)
+    }
+    fn enable_trace(&mut self) {
+        VulkanForward::enable_trace(self)
+    }
+    fn take_trace(&mut self) -> Vec<ClaimEvent> {
+        VulkanForward::take_trace(self)
     }
 }

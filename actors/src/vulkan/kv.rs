@@ -28,28 +28,13 @@ impl VulkanKvCache {
     pub(super) fn new(layers: Arc<Vec<KvLayer>>) -> Self {
         VulkanKvCache { layers, len: 0 }
     }
-
-    /// Positions filled.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position is filled.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Forgets positions from `len` on (used to reuse a shared prefix).
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
 }
 
 impl crate::forward_pass::KvState for VulkanKvCache {
     fn len(&self) -> usize {
-        VulkanKvCache::len(self)
+        self.len
     }
     fn truncate(&mut self, len: usize) {
-        VulkanKvCache::truncate(self, len)
+        self.len = self.len.min(len);
     }
 }

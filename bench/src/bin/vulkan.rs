@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smoe_actors::engine::{Engine, EngineOptions, RingSize};
-use smoe_actors::forward::KvCache;
+use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::tensor::{WeightData, WeightView};
 use smoe_actors::vulkan::harness::{DescriptorSet, KernelHarness, MatmulArgs, TestWeight};
@@ -205,13 +205,13 @@ fn argmax(l: &[f32]) -> u32 {
     b as u32
 }
 
-fn run_cpu(vault: &Path, opts: &EngineOptions, prompt: &[u32], decode: usize, chunk: usize) -> (Rates, u32) {
-    let engine = Engine::open(vault, opts, &HostAllocator).expect("engine");
-    let mut fwd = engine.forward(chunk);
-    let mut kv = KvCache::new(&engine.model);
+/// Prefills `prompt` in chunks of `fwd.max_rows()` and decodes `decode` greedy tokens,
+/// timing both; returns the rates and the last token id.
+fn time_greedy<P: ForwardPass>(fwd: &mut P, prompt: &[u32], decode: usize) -> (Rates, u32) {
+    let mut kv = fwd.new_kv().expect("kv");
     let (last, body) = prompt.split_last().expect("prompt");
     let t = Instant::now();
-    for c in body.chunks(chunk) {
+    for c in body.chunks(fwd.max_rows()) {
         fwd.forward(&mut kv, c, false).expect("prefill");
     }
     let prefill = body.len() as f64 / t.elapsed().as_secs_f64();
@@ -221,6 +221,11 @@ fn run_cpu(vault: &Path, opts: &EngineOptions, prompt: &[u32], decode: usize, ch
         next = argmax(fwd.forward(&mut kv, &[next], true).expect("fwd").expect("logits"));
     }
     (Rates { prefill, decode: decode as f64 / t.elapsed().as_secs_f64() }, next)
+}
+
+fn run_cpu(vault: &Path, opts: &EngineOptions, prompt: &[u32], decode: usize, chunk: usize) -> (Rates, u32) {
+    let engine = Engine::open(vault, opts, &HostAllocator).expect("engine");
+    time_greedy(&mut engine.forward(chunk), prompt, decode)
 }
 
 fn run_vulkan(
@@ -238,19 +243,7 @@ fn run_vulkan(
     if let Some(p) = path {
         fwd.set_expert_path(p).expect("path");
     }
-    let mut kv = fwd.new_kv().expect("kv");
-    let (last, body) = prompt.split_last().expect("prompt");
-    let t = Instant::now();
-    for c in body.chunks(chunk) {
-        fwd.forward(&mut kv, c, false).expect("prefill");
-    }
-    let prefill = body.len() as f64 / t.elapsed().as_secs_f64();
-    let mut next = argmax(fwd.forward(&mut kv, &[*last], true).expect("fwd").expect("logits"));
-    let t = Instant::now();
-    for _ in 0..decode {
-        next = argmax(fwd.forward(&mut kv, &[next], true).expect("fwd").expect("logits"));
-    }
-    (Rates { prefill, decode: decode as f64 / t.elapsed().as_secs_f64() }, next)
+    time_greedy(&mut fwd, prompt, decode)
 }
 
 fn e2e(args: &[String]) {
@@ -302,9 +295,15 @@ fn diag_run(
     let engine = Engine::open(vault, &opts, &alloc).expect("engine");
     let mut fwd = VulkanForward::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("forward");
     fwd.set_expert_path(path).expect("path");
+    greedy_logits(&mut fwd, prompt, steps)
+}
+
+/// Prefills `prompt` in chunks of `fwd.max_rows()`, then decodes `steps` greedy tokens;
+/// returns the logits of every decode step, concatenated.
+fn greedy_logits<P: ForwardPass>(fwd: &mut P, prompt: &[u32], steps: usize) -> Vec<f32> {
     let mut kv = fwd.new_kv().expect("kv");
     let (last, body) = prompt.split_last().expect("prompt");
-    for c in body.chunks(chunk) {
+    for c in body.chunks(fwd.max_rows()) {
         fwd.forward(&mut kv, c, false).expect("prefill");
     }
     let mut out = Vec::new();
@@ -353,19 +352,7 @@ fn diag(args: &[String]) {
     // The CPU backend on the same prompt.
     let opts = EngineOptions { max_context: 256, ring: RingSize::Slots(all), ..Default::default() };
     let engine = Engine::open(vault, &opts, &HostAllocator).expect("engine");
-    let mut fwd = engine.forward(1);
-    let mut kv = KvCache::new(&engine.model);
-    let (last, body) = prompt.split_last().expect("prompt");
-    for &t in body {
-        fwd.forward(&mut kv, &[t], false).expect("prefill");
-    }
-    let mut cpu = Vec::new();
-    let mut next = *last;
-    for _ in 0..8 {
-        let l = fwd.forward(&mut kv, &[next], true).expect("fwd").expect("logits");
-        cpu.extend_from_slice(l);
-        next = argmax(l);
-    }
+    let cpu = greedy_logits(&mut engine.forward(1), &prompt, 8);
     let d = cpu.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     let scale = cpu.iter().map(|a| a.abs()).fold(0.0f32, f32::max);
     println!("cpu vs vulkan reference: max |diff| {d:e} (max |logit| {scale:e})");
