@@ -12,8 +12,9 @@ use smoe_proto::{ClaimInfo, ExpertKey, ExpertSource, VaultError};
 
 use crate::kernels::{dot_f32, matmul, matvec, rmsnorm, rmsnorm_inplace, silu, softmax_inplace};
 use crate::model::{FfnRefs, LayerRefs, Model};
-use crate::routing::route;
+use crate::router::{GateInput, RouteJob, Router};
 use crate::tensor::WeightView;
+use crate::vault::TensorRef;
 
 /// Why a forward pass could not run.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,9 @@ pub enum ForwardError {
     /// The compute device failed (GPU backends).
     #[error("{0}")]
     Device(String),
+    /// The router stage stopped or could not start.
+    #[error("the router stage stopped (see the log); restart the engine")]
+    RouterStopped,
     /// A token id is outside the vocabulary.
     #[error("token id {id} is out of the vocabulary (size {vocab})")]
     TokenOutOfVocab {
@@ -148,13 +152,6 @@ struct Scratch {
     attn: Vec<f32>,
     o: Vec<f32>,
     scores: Vec<f32>,
-    router: Vec<f32>,
-    topk_e: Vec<u16>,
-    ranked: Vec<u16>,
-    topk_w: Vec<f32>,
-    in_union: Vec<bool>,
-    union: Vec<u16>,
-    pairs: Vec<u32>,
     xsub: Vec<f32>,
     g: Vec<f32>,
     u: Vec<f32>,
@@ -173,6 +170,10 @@ pub struct Forward {
     tally: ClaimTally,
     trace: Option<Vec<ClaimEvent>>,
     spec_depth: usize,
+    /// The router stage, started with the pass (`None` once it has stopped).
+    router: Option<Router>,
+    /// The routing job, home between MoE layers.
+    job: Option<Box<RouteJob>>,
 }
 
 impl Forward {
@@ -182,6 +183,9 @@ impl Forward {
         let m = max_rows.max(1);
         let k = c.num_experts_per_tok.max(1);
         let inter = c.intermediate_size.max(c.moe_intermediate_size);
+        let router = Router::spawn(Arc::clone(&model), Arc::clone(&experts))
+            .map_err(|e| tracing::error!("starting the router thread: {e}"))
+            .ok();
         let s = Scratch {
             x: vec![0.0; m * c.hidden_size],
             xn: vec![0.0; m * c.hidden_size],
@@ -191,13 +195,6 @@ impl Forward {
             attn: vec![0.0; m * c.q_dim()],
             o: vec![0.0; m * c.hidden_size],
             scores: vec![0.0; c.num_attention_heads * model.max_context],
-            router: vec![0.0; m * c.num_experts],
-            topk_e: vec![0; m * k],
-            ranked: vec![0; c.num_experts],
-            topk_w: vec![0.0; m * k],
-            in_union: vec![false; c.num_experts],
-            union: Vec::with_capacity(c.num_experts),
-            pairs: Vec::with_capacity(m * k),
             xsub: vec![0.0; m * c.hidden_size],
             g: vec![0.0; m * inter],
             u: vec![0.0; m * inter],
@@ -206,6 +203,7 @@ impl Forward {
             logits: vec![0.0; c.vocab_size],
         };
         let union_sizes = vec![0; c.num_hidden_layers];
+        let job = RouteJob::new(m, c.hidden_size, c.num_experts, k, c.norm_topk_prob);
         Forward {
             model,
             experts,
@@ -215,6 +213,8 @@ impl Forward {
             tally: ClaimTally::default(),
             trace: None,
             spec_depth: 0,
+            router,
+            job: Some(Box::new(job)),
         }
     }
 
@@ -286,7 +286,7 @@ impl Forward {
                 FfnRefs::Dense { gate, up, down } => {
                     self.dense_ffn(&model, layer, model.w(gate), model.w(up), model.w(down), m)
                 }
-                FfnRefs::Moe { router } => self.moe_ffn(&model, l, layer, model.w(router), start, m)?,
+                FfnRefs::Moe { router } => self.moe_ffn(&model, l, layer, router, start, m)?,
             }
         }
         kv.len = start + m;
@@ -408,70 +408,41 @@ impl Forward {
         model: &Model,
         l: usize,
         layer: &LayerRefs,
-        router: WeightView<'_>,
+        gate: &TensorRef,
         start: usize,
         m: usize,
-    ) -> Result<(), VaultError> {
+    ) -> Result<(), ForwardError> {
         self.post_norm(model, layer, m);
         let cfg = &model.cfg;
-        let (h, ne, k) = (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok);
+        let (h, k) = (cfg.hidden_size, cfg.num_experts_per_tok);
+        // The router computes the gate from the normalised rows: the plane moves to it
+        // and back with the job, it is not copied.
+        let (Some(router), Some(mut job)) = (self.router.as_mut(), self.job.take()) else {
+            return Err(ForwardError::RouterStopped);
+        };
+        job.request(l, m, GateInput::Hidden(gate.clone()), self.spec_depth);
+        std::mem::swap(job.hidden_mut(), &mut self.s.xn);
+        let job = router.route(job).map_err(|_| {
+            self.router = None;
+            ForwardError::RouterStopped
+        })?;
+        let job = self.job.insert(job);
+        std::mem::swap(job.hidden_mut(), &mut self.s.xn);
         let s = &mut self.s;
-        matmul(&router, &s.xn[..m * h], m, &mut s.router[..m * ne]);
-        // Route token by token; each expert is announced the moment it first enters the
-        // union, so its read can start while later tokens are still being routed.
-        s.union.clear();
-        s.in_union.fill(false);
-        // Announced experts form a prefix of the union: announcing stops at the first
-        // refusal (ring full), so claims in union order can never wait on a slot that a
-        // later announcement pins.
-        let mut announced = 0usize;
-        // A single decode token also ranks `spec_depth` experts beyond its top-k: they
-        // are queued as low-priority bets for the next token once this layer is done.
-        let bets = if m == 1 { self.spec_depth.min(ne - k) } else { 0 };
-        for t in 0..m {
-            let ranked = if bets > 0 { &mut s.ranked[..k + bets] } else { &mut s.topk_e[t * k..(t + 1) * k] };
-            route(
-                &mut s.router[t * ne..(t + 1) * ne],
-                k,
-                cfg.norm_topk_prob,
-                ranked,
-                &mut s.topk_w[t * k..(t + 1) * k],
-            );
-            if bets > 0 {
-                s.topk_e[..k].copy_from_slice(&s.ranked[..k]);
-            }
-            for &e in &s.topk_e[t * k..(t + 1) * k] {
-                if !s.in_union[e as usize] {
-                    s.in_union[e as usize] = true;
-                    s.union.push(e);
-                    if announced + 1 == s.union.len() && self.experts.announce(ExpertKey::new(l, e as usize))
-                    {
-                        announced += 1;
-                    }
-                }
-            }
-        }
         let layout = *model.vault.expert_layout();
-        for (ui, &e) in s.union.iter().enumerate() {
-            // (token, rank) pairs routed to `e`, in token order.
-            s.pairs.clear();
-            for (i, &te) in s.topk_e[..m * k].iter().enumerate() {
-                if te == e {
-                    s.pairs.push(i as u32);
-                }
-            }
-            let n = s.pairs.len();
-            for (j, &i) in s.pairs.iter().enumerate() {
+        for (ui, &e) in job.union().iter().enumerate() {
+            // The (token, rank) pairs routed to `e`, in token order.
+            let pairs = job.pairs_of(ui);
+            let n = pairs.len();
+            for (j, &i) in pairs.iter().enumerate() {
                 let t = i as usize / k;
                 s.xsub[j * h..(j + 1) * h].copy_from_slice(&s.xn[t * h..(t + 1) * h]);
             }
             let blob = match self.experts.claim(ExpertKey::new(l, e as usize)) {
                 Ok(b) => b,
                 Err(err) => {
-                    for &later in s.union.iter().take(announced).skip(ui + 1) {
-                        self.experts.withdraw(ExpertKey::new(l, later as usize));
-                    }
-                    return Err(err);
+                    job.withdraw_after(ui, self.experts.as_ref());
+                    return Err(err.into());
                 }
             };
             self.tally.add(blob.info());
@@ -498,18 +469,19 @@ impl Forward {
                 &mut s.ysub,
             );
             drop(blob);
-            for (j, &i) in s.pairs.iter().enumerate() {
+            for (j, &i) in pairs.iter().enumerate() {
                 let i = i as usize;
                 s.yk[i * h..(i + 1) * h].copy_from_slice(&s.ysub[j * h..(j + 1) * h]);
             }
         }
         // Weighted sum in rank order, then the residual add.
+        let topk_w = job.topk_weights();
         for t in 0..m {
             let x = &mut s.x[t * h..(t + 1) * h];
             let acc = &mut s.xsub[..h];
             acc.fill(0.0);
             for r in 0..k {
-                let w = s.topk_w[t * k + r];
+                let w = topk_w[t * k + r];
                 let y = &s.yk[(t * k + r) * h..(t * k + r + 1) * h];
                 for (a, &yv) in acc.iter_mut().zip(y) {
                     *a += yv * w;
@@ -519,12 +491,9 @@ impl Forward {
                 *xv += a;
             }
         }
-        for &e in &s.ranked[k..k + bets] {
-            self.experts.prefetch(ExpertKey::new(l, e as usize));
-        }
-        self.union_sizes[l] = s.union.len();
+        self.union_sizes[l] = job.union().len();
         if m > 1 {
-            metrics::histogram!("smoe_union_size").record(s.union.len() as f64);
+            metrics::histogram!("smoe_union_size").record(job.union().len() as f64);
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! The stages of smoe-pipeline: vault access, expert sources, the CPU reference
-//! kernels and forward pass, routing and sampling. Later stages (streamer, ring cache,
+//! kernels and forward pass, the router stage and sampling. Later stages (streamer, ring cache,
 //! scheduler, GPU executor) are actors built on these.
 
 pub mod blob_check;
@@ -11,7 +11,7 @@ pub mod generation;
 pub mod kernels;
 pub mod model;
 pub mod ring;
-pub mod routing;
+pub mod router;
 pub mod sampler;
 pub mod scheduler;
 pub mod streamer;

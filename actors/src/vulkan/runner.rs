@@ -24,7 +24,7 @@ use super::record::{set0, MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FL
 use super::{VulkanError, VulkanForwardError};
 use crate::forward::{ClaimEvent, ClaimTally, ForwardError};
 use crate::model::{FfnRefs, Model};
-use crate::routing::route;
+use crate::router::{GateInput, RouteJob, Router};
 
 /// Offsets (f32 elements) of the regions of the activation arena.
 #[derive(Clone, Copy, Debug)]
@@ -157,17 +157,15 @@ pub struct Runner {
     pub tally: ClaimTally,
     /// Gate ranks beyond top-k queued as prefetch bets in decode steps.
     pub spec_depth: usize,
-    ranked: Vec<u16>,
     /// Claim trace, when enabled.
     pub trace: Option<Vec<ClaimEvent>>,
-    topk_e: Vec<u16>,
-    topk_w: Vec<f32>,
-    in_union: Vec<bool>,
-    union: Vec<u16>,
+    /// The router stage (`None` once it has stopped).
+    routing: Option<Router>,
+    /// The routing job, home between MoE layers.
+    job: Option<Box<RouteJob>>,
     handles: Vec<ExpertHandle>,
     /// Most blobs held at once (the ring's slot count: holding more would wait forever).
     hold_limit: usize,
-    router_row: Vec<f32>,
 }
 
 fn bind(
@@ -274,6 +272,8 @@ impl Runner {
         } else {
             None
         };
+        let routing = Router::spawn(Arc::clone(&model), Arc::clone(&experts))
+            .map_err(|e| VulkanError::Vulkan(format!("starting the router thread: {e}")))?;
         Ok(Runner {
             kernels,
             max_rows: m,
@@ -294,14 +294,10 @@ impl Runner {
             union_sizes: vec![0; c.num_hidden_layers],
             tally: ClaimTally::default(),
             spec_depth: 0,
-            ranked: vec![0; c.num_experts],
             trace: None,
-            topk_e: vec![0; m * k],
-            topk_w: vec![0.0; m * k],
-            in_union: vec![false; c.num_experts],
-            union: Vec::with_capacity(c.num_experts),
+            routing: Some(routing),
+            job: Some(Box::new(RouteJob::new(m, 0, c.num_experts, k, c.norm_topk_prob))),
             handles: Vec::with_capacity(c.num_experts),
-            router_row: vec![0.0; c.num_experts],
             hold_limit: hold_limit.max(1),
             ctx,
             model,
@@ -619,60 +615,40 @@ impl Runner {
         let model = self.model.clone();
         let c = &model.cfg;
         let (h, ne, k) = (c.hidden_size, c.num_experts, c.num_experts_per_tok);
-        // Route token by token, announcing each expert as it first enters the union.
-        self.union.clear();
-        self.in_union.fill(false);
-        let mut announced = 0usize;
-        // A single decode token also ranks `spec_depth` experts beyond its top-k, queued
-        // as low-priority bets for the next token once this layer is recorded.
-        let bets = if m == 1 { self.spec_depth.min(ne - k) } else { 0 };
-        {
-            let io = self.io.read().map_err(verr("reading router logits"))?;
-            let row = &mut self.router_row;
-            for t in 0..m {
-                row.copy_from_slice(&io[m * h + t * ne..m * h + (t + 1) * ne]);
-                let ranked = if bets > 0 {
-                    &mut self.ranked[..k + bets]
-                } else {
-                    &mut self.topk_e[t * k..(t + 1) * k]
-                };
-                route(row, k, c.norm_topk_prob, ranked, &mut self.topk_w[t * k..(t + 1) * k]);
-                if bets > 0 {
-                    self.topk_e[..k].copy_from_slice(&self.ranked[..k]);
-                }
-                for &e in &self.topk_e[t * k..(t + 1) * k] {
-                    if !self.in_union[e as usize] {
-                        self.in_union[e as usize] = true;
-                        self.union.push(e);
-                        if announced + 1 == self.union.len()
-                            && self.experts.announce(ExpertKey::new(l, e as usize))
-                        {
-                            announced += 1;
-                        }
-                    }
-                }
+        // The router ranks the device-computed gate logits and announces the union.
+        let (Some(router), Some(mut job)) = (self.routing.as_mut(), self.job.take()) else {
+            return Err(ForwardError::RouterStopped.into());
+        };
+        job.request(l, m, GateInput::Logits, self.spec_depth);
+        match self.io.read() {
+            Ok(io) => job.logits_mut()[..m * ne].copy_from_slice(&io[m * h..m * h + m * ne]),
+            Err(e) => {
+                self.job = Some(job);
+                return Err(verr("reading router logits")(e).into());
             }
         }
+        let job = router.route(job).map_err(|_| {
+            self.routing = None;
+            ForwardError::RouterStopped
+        })?;
+        let job = self.job.insert(job);
         // Pair lists (token-major indices t·k + r routed to each expert), in union order.
-        let mut segs = Vec::with_capacity(self.union.len());
+        let mut segs = Vec::with_capacity(job.union().len());
         {
             let mut rb = self.route_buf.write().map_err(verr("writing routing"))?;
             let mut off = 0usize;
-            for &e in &self.union {
-                let s = off;
-                for (i, &te) in self.topk_e[..m * k].iter().enumerate() {
-                    if te == e {
-                        rb[off] = i as u32;
-                        off += 1;
-                    }
-                }
-                segs.push((s, off - s));
+            for ui in 0..job.union().len() {
+                let pairs = job.pairs_of(ui);
+                rb[off..off + pairs.len()].copy_from_slice(pairs);
+                segs.push((off, pairs.len()));
+                off += pairs.len();
             }
-            for (i, &w) in self.topk_w[..m * k].iter().enumerate() {
+            for (i, &w) in job.topk_weights().iter().enumerate() {
                 rb[m * k + i] = w.to_bits();
             }
         }
-        let union = self.union.clone();
+        let announced = job.announced();
+        let union = job.union().to_vec();
         self.handles.clear();
         // Expert work is recorded in batches of at most `hold_limit` held blobs: when the
         // ring could not take another claim while all our handles are alive, the batch
@@ -696,8 +672,8 @@ impl Runner {
                     self.handles.push(b);
                 }
                 Err(err) => {
-                    for &later in union.iter().take(announced).skip(ui + 1) {
-                        self.experts.withdraw(ExpertKey::new(l, later as usize));
+                    if let Some(job) = self.job.as_ref() {
+                        job.withdraw_after(ui, self.experts.as_ref());
                     }
                     self.handles.clear();
                     return Err(ForwardError::Vault(err).into());
@@ -709,9 +685,6 @@ impl Runner {
         let (hu, ku) = (h as u32, k as u32);
         let kacc = self.kernels.accumulate.clone();
         rec.dispatch(&kacc, None, [hu, ku, r.yk, r.x, (m * k) as u32], [hu.div_ceil(256), m as u32, 1])?;
-        for &e in &self.ranked[k..k + bets] {
-            self.experts.prefetch(ExpertKey::new(l, e as usize));
-        }
         self.union_sizes[l] = union.len();
         if m > 1 {
             metrics::histogram!("smoe_union_size").record(union.len() as f64);
