@@ -86,23 +86,29 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let keep_logits = args.logits_out.is_some();
     let mut out = std::io::stdout().lock();
     let mut stream_err = None;
-    let (reason, stats) = generate(&mut fwd, &mut kv, &req, |id, logits| {
-        ids.push(id);
-        if keep_logits {
-            logits_rows.extend_from_slice(logits);
-        }
-        if let Some(d) = detok.as_mut() {
-            match d.push(id) {
-                Ok(piece) if !args.json => {
-                    let _ = write!(out, "{piece}");
-                    let _ = out.flush();
-                }
-                Ok(_) => {}
-                Err(e) => stream_err = Some(e),
+    let (reason, stats) = generate(
+        &mut fwd,
+        &mut kv,
+        &req,
+        || false,
+        |id, logits| {
+            ids.push(id);
+            if keep_logits {
+                logits_rows.extend_from_slice(logits);
             }
-        }
-        stream_err.is_none()
-    })?;
+            if let Some(d) = detok.as_mut() {
+                match d.push(id) {
+                    Ok(piece) if !args.json => {
+                        let _ = write!(out, "{piece}");
+                        let _ = out.flush();
+                    }
+                    Ok(_) => {}
+                    Err(e) => stream_err = Some(e),
+                }
+            }
+            stream_err.is_none()
+        },
+    )?;
     if let Some(e) = stream_err {
         return Err(e);
     }

@@ -35,11 +35,17 @@ fn greedy(fwd: &mut Executor, prompt: &[u32], tokens: usize) -> Result<Run> {
         spec_depth: 0,
     };
     let mut run = Run { logits: Vec::new(), ids: Vec::new() };
-    generate(fwd, &mut kv, &req, |id, logits| {
-        run.ids.push(id);
-        run.logits.extend_from_slice(logits);
-        true
-    })?;
+    generate(
+        fwd,
+        &mut kv,
+        &req,
+        || false,
+        |id, logits| {
+            run.ids.push(id);
+            run.logits.extend_from_slice(logits);
+            true
+        },
+    )?;
     Ok(run)
 }
 

@@ -156,3 +156,64 @@ fn speculative_prefetch_never_changes_ids_or_logits() {
         }
     }
 }
+
+#[test]
+fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
+    use std::cell::Cell;
+
+    use smoe_actors::engine::{Engine, EngineOptions, RingSize};
+    use smoe_actors::forward::KvCache;
+    use smoe_actors::generation::{generate, FinishReason, GenerateRequest};
+    use smoe_actors::ring::memory::HostAllocator;
+    use smoe_actors::sampler::SamplingParams;
+    use smoe_actors::streamer::StreamerOptions;
+
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let (prompt, greedy) = golden_cases("moe_all").remove(1);
+    assert!(prompt.len() > 9, "the case needs a few chunks of 4");
+    let opts =
+        EngineOptions { max_context: 256, ring: RingSize::Slots(64), streamer: StreamerOptions::default() };
+    let engine = Engine::open(&vault, &opts, &HostAllocator).unwrap();
+    let mut fwd = engine.forward(4);
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: greedy.len(),
+        sampling: SamplingParams::default(),
+        ignore_eos: true,
+        spec_depth: 0,
+    };
+    // Cancelled before the third chunk: two chunks ran, nothing was generated.
+    let asked = Cell::new(0);
+    let mut kv = KvCache::new(&engine.model);
+    let (reason, stats) = generate(
+        &mut fwd,
+        &mut kv,
+        &req,
+        || {
+            asked.set(asked.get() + 1);
+            asked.get() == 3
+        },
+        |_, _| panic!("no token may be generated after a cancelled prefill"),
+    )
+    .unwrap();
+    assert_eq!(
+        (reason, kv.len(), stats.prefill_tokens, stats.generated_tokens),
+        (FinishReason::Stopped, 8, 8, 0)
+    );
+    // The kept prefix is valid: resuming on it gives the golden tokens.
+    let mut ids = Vec::new();
+    let (reason, stats) = generate(
+        &mut fwd,
+        &mut kv,
+        &req,
+        || false,
+        |id, _| {
+            ids.push(id);
+            true
+        },
+    )
+    .unwrap();
+    assert_eq!((reason, stats.prefill_tokens), (FinishReason::Length, prompt.len() - 8));
+    assert_eq!(ids, greedy);
+}

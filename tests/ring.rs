@@ -42,10 +42,16 @@ fn greedy(engine: &Engine, prompt: &[u32], n: usize) -> Result<Vec<u32>, String>
         spec_depth: 0,
     };
     let mut ids = Vec::new();
-    generate(&mut fwd, &mut kv, &req, |id, _| {
-        ids.push(id);
-        true
-    })
+    generate(
+        &mut fwd,
+        &mut kv,
+        &req,
+        || false,
+        |id, _| {
+            ids.push(id);
+            true
+        },
+    )
     .map_err(|e| e.to_string())?;
     Ok(ids)
 }

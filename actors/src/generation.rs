@@ -88,12 +88,15 @@ fn rate(n: usize, t: Duration) -> f64 {
 /// Runs `req`. `kv` may already hold a prefix of `req.prompt` (prefix reuse: its
 /// positions must be exactly `prompt[..kv.len()]`, and `kv.len() < prompt.len()`); only
 /// the rest of the prompt is prefilled, in chunks of `fwd.max_rows()` tokens.
-/// `on_token(id, logits)` is called for every generated token, with the logits that
-/// produced it; returning `false` stops generation.
+/// `cancelled()` is asked before every prefill chunk: when it says yes, generation stops
+/// there with [`FinishReason::Stopped`] (`kv` keeps the chunks already run, a valid
+/// prefix of the prompt). `on_token(id, logits)` is called for every generated token,
+/// with the logits that produced it; returning `false` stops generation.
 pub fn generate<P: ForwardPass>(
     fwd: &mut P,
     kv: &mut P::Kv,
     req: &GenerateRequest,
+    cancelled: impl Fn() -> bool,
     mut on_token: impl FnMut(u32, &[f32]) -> bool,
 ) -> Result<(FinishReason, GenerateStats), ForwardError> {
     let start = Instant::now();
@@ -110,12 +113,19 @@ pub fn generate<P: ForwardPass>(
     let moe_layers = fwd.model().cfg.moe_layers();
     let mut sampler = Sampler::new(req.sampling.clone(), vocab);
     let mut history = req.prompt.clone();
-    let mut stats = GenerateStats { prefill_tokens: req.prompt.len() - kv.len(), ..Default::default() };
+    let cached = kv.len();
+    let mut stats = GenerateStats { prefill_tokens: req.prompt.len() - cached, ..Default::default() };
     let (last, body) = req.prompt.split_last().expect("non-empty prompt");
     let before = fwd.tally();
     fwd.set_spec_depth(0);
     let chunk = fwd.max_rows();
     for block in body[kv.len()..].chunks(chunk) {
+        if cancelled() {
+            stats.prefill_tokens = kv.len() - cached;
+            stats.prefill_time = start.elapsed();
+            stats.prefill_claims = fwd.tally().since(&before);
+            return Ok((FinishReason::Stopped, stats));
+        }
         fwd.forward(kv, block, false)?;
         let sizes = fwd.last_union_sizes();
         stats.prefill_unions.push(moe_layers.iter().map(|&l| sizes[l]).collect());

@@ -55,20 +55,27 @@ fn run_job(fwd: &mut Executor, store: &mut SessionStore<ExecutorKv>, q: Queued) 
     let _ = job.events.send(JobEvent::Started { prompt_tokens: req.prompt.len(), cached_tokens: cached });
     let mut generated = Vec::new();
     let mut last: Option<Instant> = None;
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        generate(fwd, &mut kv, req, |id, _| {
-            let now = Instant::now();
-            match last {
-                None => metrics::histogram!(TTFT_SECONDS).record(now.duration_since(admitted).as_secs_f64()),
-                Some(t) => {
-                    metrics::histogram!(TOKEN_LATENCY_SECONDS).record(now.duration_since(t).as_secs_f64())
-                }
-            }
-            last = Some(now);
-            generated.push(id);
-            !cancel.load(Ordering::Relaxed) && job.events.send(JobEvent::Token(id)).is_ok()
-        })
-    }));
+    let outcome =
+        catch_unwind(AssertUnwindSafe(|| {
+            generate(
+                fwd,
+                &mut kv,
+                req,
+                || cancel.load(Ordering::Relaxed) || job.events.is_closed(),
+                |id, _| {
+                    let now = Instant::now();
+                    match last {
+                        None => metrics::histogram!(TTFT_SECONDS)
+                            .record(now.duration_since(admitted).as_secs_f64()),
+                        Some(t) => metrics::histogram!(TOKEN_LATENCY_SECONDS)
+                            .record(now.duration_since(t).as_secs_f64()),
+                    }
+                    last = Some(now);
+                    generated.push(id);
+                    !cancel.load(Ordering::Relaxed) && job.events.send(JobEvent::Token(id)).is_ok()
+                },
+            )
+        }));
     let event = match outcome {
         Ok(Ok((reason, stats))) => {
             metrics::counter!(PREFILL_TOKENS).increment(stats.prefill_tokens as u64);
