@@ -202,18 +202,7 @@ fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
         (FinishReason::Stopped, 8, 8, 0)
     );
     // The kept prefix is valid: resuming on it gives the golden tokens.
-    let mut ids = Vec::new();
-    let (reason, stats) = generate(
-        &mut fwd,
-        &mut kv,
-        &req,
-        || false,
-        |id, _| {
-            ids.push(id);
-            true
-        },
-    )
-    .unwrap();
+    let (reason, stats, ids) = generate_ids(&mut fwd, &mut kv, &req).unwrap();
     assert_eq!((reason, stats.prefill_tokens), (FinishReason::Length, prompt.len() - 8));
     assert_eq!(ids, greedy);
 }

@@ -13,7 +13,7 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use smoe_actors::engine::{Engine, EngineOptions, RingSize};
 use smoe_actors::forward::KvCache;
-use smoe_actors::generation::{generate, GenerateRequest};
+use smoe_actors::generation::GenerateRequest;
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::ring::slots::{CONSUMED, EMPTY, LOADING, READY};
 use smoe_actors::sampler::SamplingParams;
@@ -41,18 +41,7 @@ fn greedy(engine: &Engine, prompt: &[u32], n: usize) -> Result<Vec<u32>, String>
         ignore_eos: true,
         spec_depth: 0,
     };
-    let mut ids = Vec::new();
-    generate(
-        &mut fwd,
-        &mut kv,
-        &req,
-        || false,
-        |id, _| {
-            ids.push(id);
-            true
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let (_, _, ids) = generate_ids(&mut fwd, &mut kv, &req).map_err(|e| e.to_string())?;
     Ok(ids)
 }
 

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
+use smoe_actors::forward::ForwardError;
+use smoe_actors::forward_pass::ForwardPass;
+use smoe_actors::generation::{generate, FinishReason, GenerateRequest, GenerateStats};
 
 /// Names of the golden fixtures made by `tests/fixtures/make_fixtures.py`.
 pub const FIXTURES: &[&str] = &["moe_all", "dense0_gqa", "bf16_sharded"];
@@ -110,4 +113,25 @@ pub fn generate_json(vault: &Path, prompt: &[u32], n: usize, logits: &Path, extr
 /// Token ids of a JSON array field.
 pub fn id_list(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Runs `req` on `fwd` from `kv` to its end (never cancelled); returns why it stopped,
+/// its stats and the generated ids.
+pub fn generate_ids<P: ForwardPass>(
+    fwd: &mut P,
+    kv: &mut P::Kv,
+    req: &GenerateRequest,
+) -> Result<(FinishReason, GenerateStats, Vec<u32>), ForwardError> {
+    let mut ids = Vec::new();
+    let (reason, stats) = generate(
+        fwd,
+        kv,
+        req,
+        || false,
+        |id, _| {
+            ids.push(id);
+            true
+        },
+    )?;
+    Ok((reason, stats, ids))
 }
