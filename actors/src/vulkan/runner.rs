@@ -19,8 +19,8 @@ use super::allocator::ArenaRegistry;
 use super::buffers::{device_buffer, host_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
 use super::kv::{KvLayer, VulkanKvCache};
-use super::pipelines::Kernels;
-use super::record::{set0, MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER};
+use super::pipelines::{Kernels, MatmulTuning};
+use super::record::{set0, MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
 use super::{VulkanError, VulkanForwardError};
 use crate::forward::{ClaimEvent, ClaimTally, ForwardError};
 use crate::model::{FfnRefs, Model};
@@ -142,8 +142,15 @@ pub struct Runner {
     lm_head: BoundWeight,
     rope_cos: Subbuffer<[u8]>,
     rope_sin: Subbuffer<[u8]>,
-    /// Descriptor sets of expert blobs: (buffer, offset) → (down set, gate/up set).
-    blob_sets: HashMap<(usize, u64), (Arc<DescriptorSet>, Arc<DescriptorSet>)>,
+    /// Descriptor sets of expert-blob windows: (buffer, window start) → (down set,
+    /// gate/up set).
+    window_sets: HashMap<(usize, u64), (Arc<DescriptorSet>, Arc<DescriptorSet>)>,
+    /// Byte granularity of window starts: a blob at offset o is bound in the window
+    /// starting at o rounded down to a multiple of this (half the storage-buffer range,
+    /// so the window holds the whole blob).
+    window: u64,
+    /// Routing-buffer offset of the expert table (entries indexed by union position).
+    tab_off: usize,
     /// Host-visible copies of blobs that did not come from a Vulkan arena.
     fallback: Option<Subbuffer<[u8]>>,
     /// Two device-local layer slots for staged prefill, when the device has separate
@@ -198,11 +205,13 @@ impl Runner {
             return Err(VulkanError::Unsupported(format!("head_dim {} > 512", c.head_dim)));
         }
         let m = max_rows.max(1);
-        let kernels = Arc::new(Kernels::new(&ctx.device)?);
+        let kernels = Arc::new(Kernels::new(&ctx.device, MatmulTuning::default())?);
         let r = Regions::new(&model, m)?;
         let act = device_buffer::<f32>(&ctx, r.len as u64, BufferUsage::STORAGE_BUFFER)?;
         let k = c.num_experts_per_tok.max(1);
-        let route_buf = host_buffer::<u32>(&ctx, (2 * m * k) as u64, BufferUsage::STORAGE_BUFFER)?;
+        // Pair lists, routing weights and the expert table (3 words per union expert).
+        let route_len = 2 * m * k + 3 * c.num_experts.min(m * k);
+        let route_buf = host_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
         let io_len = m * c.hidden_size + m * c.num_experts + c.vocab_size;
         let io = host_buffer::<f32>(&ctx, io_len as u64, BufferUsage::empty())?;
         let act_set = DescriptorSet::new(
@@ -265,6 +274,13 @@ impl Runner {
         let rope_sin = upload_f32(&ctx, &model.rope.sin)?;
         let layout = *model.vault.expert_layout();
         let max_union = c.num_experts.min(m * k);
+        let window = ctx.info.max_storage_buffer_range / 2 / 256 * 256;
+        if layout.blob_stride > window {
+            return Err(VulkanError::Unsupported(format!(
+                "an expert blob of {} bytes exceeds half the device's storage-buffer range ({} bytes)",
+                layout.blob_stride, ctx.info.max_storage_buffer_range
+            )));
+        }
         let stage = if !ctx.info.unified_memory && c.num_experts > 0 {
             let n = (max_union as u64 * layout.blob_stride).max(4);
             Some([
@@ -287,7 +303,9 @@ impl Runner {
             lm_head,
             rope_cos,
             rope_sin,
-            blob_sets: HashMap::new(),
+            window_sets: HashMap::new(),
+            window,
+            tab_off: 2 * m * k,
             fallback: None,
             stage,
             path: if ctx.info.unified_memory { ExpertPath::ZeroCopy } else { DISCRETE_DEFAULT },
@@ -465,19 +483,25 @@ impl Runner {
         self.project(rec, down, a, m > 1)
     }
 
-    /// Descriptor sets (down, gate/up) binding one blob.
-    fn blob_sets(
+    /// Descriptor sets (down, gate/up) binding the window of `blob`'s buffer that starts
+    /// at `start` (bytes) and spans the device's storage-buffer range.
+    fn window_sets(
         &mut self,
         blob: &Subbuffer<[u8]>,
+        start: u64,
     ) -> Result<(Arc<DescriptorSet>, Arc<DescriptorSet>), VulkanError> {
-        let key = (Arc::as_ptr(blob.buffer()) as usize, blob.offset());
-        if let Some(s) = self.blob_sets.get(&key) {
+        let key = (Arc::as_ptr(blob.buffer()) as usize, start);
+        if let Some(s) = self.window_sets.get(&key) {
             return Ok(s.clone());
         }
+        let whole = Subbuffer::from(blob.buffer().clone());
+        let max = self.ctx.info.max_storage_buffer_range;
+        let end = (start + max).min(whole.len()) / 4 * 4;
+        let win = whole.slice(start..end);
         let t = super::record::typed(&self.kernels, self.model.vault.expert_layout().dtype);
-        let down = set0(&self.ctx, &t.matvec, std::slice::from_ref(blob))?;
-        let gu = set0(&self.ctx, &t.gate_up, &[blob.clone(), blob.clone()])?;
-        self.blob_sets.insert(key, (down.clone(), gu.clone()));
+        let down = set0(&self.ctx, &t.matvec, std::slice::from_ref(&win))?;
+        let gu = set0(&self.ctx, &t.gate_up, &[win.clone(), win])?;
+        self.window_sets.insert(key, (down.clone(), gu.clone()));
         Ok((down, gu))
     }
 
@@ -743,7 +767,7 @@ impl Runner {
             };
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let handles = std::mem::take(&mut self.handles);
-        let mut sets = Vec::with_capacity(handles.len());
+        let mut blobs = Vec::with_capacity(handles.len());
         for (i, hnd) in handles.iter().enumerate() {
             let ui = first + i;
             let src = self.blob_buffer(ui, &hnd[..])?;
@@ -771,45 +795,71 @@ impl Runner {
             } else {
                 src
             };
-            sets.push(self.blob_sets(&blob)?);
+            blobs.push(blob);
         }
         self.handles = handles;
+        // One gate/up and one down dispatch per bound window, over the table entries of
+        // its experts (union positions first.., grouped by window).
+        let mut order: Vec<(usize, u64, usize)> = blobs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (Arc::as_ptr(b.buffer()) as usize, b.offset() / self.window * self.window, i))
+            .collect();
+        order.sort_unstable();
+        let ds = layout.dtype.size() as u64;
+        {
+            let mut rb = self.route_buf.write().map_err(verr("writing the expert table"))?;
+            for (pos, &(_, start, i)) in order.iter().enumerate() {
+                let (s, n) = segs[first + i];
+                let t = self.tab_off + 3 * (first + pos);
+                rb[t..t + 3].copy_from_slice(&[
+                    ((blobs[i].offset() - start) / ds) as u32,
+                    s as u32,
+                    n as u32,
+                ]);
+            }
+        }
         let r = self.r;
         let (hu, ku) = (c.hidden_size as u32, c.num_experts_per_tok as u32);
         let inter = c.moe_intermediate_size as u32;
-        let ds = layout.dtype.size() as u64;
         let off = |p: &PartLayout| (p.offset / ds) as u32;
-        for (&(s, n), (down, gu)) in segs[first..].iter().zip(&sets) {
-            let (s, n) = (s as u32, n as u32);
-            let a = MatmulArgs {
+        let mut a = 0;
+        while a < order.len() {
+            let (buf, start, i0) = order[a];
+            let b = a + order[a..].iter().take_while(|o| (o.0, o.1) == (buf, start)).count();
+            let (down, gu) = self.window_sets(&blobs[i0], start)?;
+            // Results do not depend on the kernel (identity), so any multi-token expert
+            // picks the batched one for the whole group.
+            let batched = order[a..b].iter().any(|o| segs[first + o.2].1 > 1);
+            let g = MatmulArgs {
                 rows: inter,
                 cols: hu,
-                m: n,
                 w_off: off(&layout.gate),
                 w2_off: off(&layout.up),
                 x_off: r.xn,
                 x_stride: hu,
-                out_off: r.hidden + s * inter,
+                out_off: r.hidden,
                 out_stride: inter,
-                map_off: s,
                 map_div: ku,
-                flags: FLAG_GATHER,
+                flags: FLAG_GATHER | FLAG_TABLE,
+                tab_off: (self.tab_off + 3 * (first + a)) as u32,
+                groups: (b - a) as u32,
+                ..Default::default()
             };
-            rec.gate_up(layout.dtype, n > 1, gu.clone(), a)?;
-            let a = MatmulArgs {
+            rec.gate_up(layout.dtype, batched, gu, g)?;
+            let d = MatmulArgs {
                 rows: hu,
                 cols: inter,
-                m: n,
                 w_off: off(&layout.down),
-                x_off: r.hidden + s * inter,
+                x_off: r.hidden,
                 x_stride: inter,
                 out_off: r.yk,
                 out_stride: hu,
-                map_off: s,
-                flags: FLAG_SCATTER,
-                ..Default::default()
+                flags: FLAG_SCATTER | FLAG_TABLE,
+                ..g
             };
-            rec.matmul(layout.dtype, n > 1, down.clone(), a)?;
+            rec.matmul(layout.dtype, batched, down, d)?;
+            a = b;
         }
         match transfer {
             Some(t) => Ok(Some(t.build().map_err(verr("recording a staging upload"))?)),
