@@ -21,6 +21,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 #define ACT_VEC4
 #include "common.glsl"
 #define ACT(i) act4[(i) >> 2][(i) & 3u]
@@ -66,11 +67,10 @@ layout(set = 0, binding = 1) readonly buffer U4 { uvec4 u4[]; };
 #define WS(e) (((e) & 1u) == 1u ? bf16_hi(w[(e) >> 1]) : bf16_lo(w[(e) >> 1]))
 #define US(e) (((e) & 1u) == 1u ? bf16_hi(u[(e) >> 1]) : bf16_lo(u[(e) >> 1]))
 uint pack2(float lo, float hi) { return (floatBitsToUint(lo) >> 16) | (floatBitsToUint(hi) & 0xFFFF0000u); }
-// The CHUNK elements starting at e (e % CHUNK == 0), as stored.
-#define LOAD_CHUNK(ARR4, SCAL, e, vec)                                                  \
-    ((vec) ? ARR4[(e) >> 3]                                                            \
-           : uvec4(pack2(SCAL((e)), SCAL((e) + 1u)), pack2(SCAL((e) + 2u), SCAL((e) + 3u)), \
-                   pack2(SCAL((e) + 4u), SCAL((e) + 5u)), pack2(SCAL((e) + 6u), SCAL((e) + 7u))))
+// The CHUNK elements starting at e, as stored, read one by one (any alignment).
+#define LOAD_SCALAR(SCAL, e)                                                            \
+    uvec4(pack2(SCAL((e)), SCAL((e) + 1u)), pack2(SCAL((e) + 2u), SCAL((e) + 3u)),       \
+          pack2(SCAL((e) + 4u), SCAL((e) + 5u)), pack2(SCAL((e) + 6u), SCAL((e) + 7u)))
 void unpack(uvec4 q, out float v[CHUNK]) {
     v[0] = bf16_lo(q.x); v[1] = bf16_hi(q.x); v[2] = bf16_lo(q.y); v[3] = bf16_hi(q.y);
     v[4] = bf16_lo(q.z); v[5] = bf16_hi(q.z); v[6] = bf16_lo(q.w); v[7] = bf16_hi(q.w);
@@ -86,8 +86,7 @@ layout(set = 0, binding = 1) readonly buffer U4 { vec4 u4[]; };
 #endif
 #define WS(e) w[e]
 #define US(e) u[e]
-#define LOAD_CHUNK(ARR4, SCAL, e, vec)                                                  \
-    ((vec) ? ARR4[(e) >> 2] : vec4(SCAL((e)), SCAL((e) + 1u), SCAL((e) + 2u), SCAL((e) + 3u)))
+#define LOAD_SCALAR(SCAL, e) vec4(SCAL((e)), SCAL((e) + 1u), SCAL((e) + 2u), SCAL((e) + 3u))
 void unpack(vec4 q, out float v[CHUNK]) {
     v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
 }
@@ -137,18 +136,20 @@ void main() {
     uint nch = pc.cols / CHUNK;
     bool wvec = pc.cols % CHUNK == 0u && wo % CHUNK == 0u && uo % CHUNK == 0u;
     bool xvec = pc.x_off % 4u == 0u && pc.x_stride % 4u == 0u;
+    // Loops run to compile-time bounds and are unrolled, with the specialization
+    // constants as guards, so every array below lives in registers.
     uint wrow[MAX_RPT];
-    for (uint r = 0u; r < RPT; r++) {
-        wrow[r] = min(rowb + r, pc.rows - 1u) * pc.cols;
+    [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+        wrow[r] = min(rowb + min(r, RPT - 1u), pc.rows - 1u) * pc.cols;
     }
 
     for (uint t0 = 0u; t0 < n; t0 += TB) {
         precise float acc[NA];
-        for (uint a = 0u; a < NA; a++) {
+        [[unroll]] for (uint a = 0u; a < NA; a++) {
             acc[a] = 0.0;
         }
         uint xb[TB];
-        for (uint i = 0u; i < TB; i++) {
+        [[unroll]] for (uint i = 0u; i < TB; i++) {
             xb[i] = pc.x_off + x_row(p0 + min(t0 + i, n - 1u)) * pc.x_stride;
         }
         for (uint c0 = lane; c0 < nch; c0 += UNROLL * LANES) {
@@ -156,48 +157,64 @@ void main() {
 #ifdef GATE_UP
             WVEC uq[MAX_UNROLL * MAX_RPT];
 #endif
-            for (uint v = 0u; v < UNROLL; v++) {
-                uint e = (c0 + v * LANES) * CHUNK;
-                if (c0 + v * LANES < nch) {
-                    for (uint r = 0u; r < RPT; r++) {
-                        wq[v * MAX_RPT + r] = LOAD_CHUNK(w4, WS, wo + wrow[r] + e, wvec);
+            if (wvec) {
+                [[unroll]] for (uint v = 0u; v < MAX_UNROLL; v++) {
+                    uint c = min(c0 + v * LANES, nch - 1u);
+                    [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+                        if (v < UNROLL && r < RPT) {
+                            wq[v * MAX_RPT + r] = w4[(wo + wrow[r]) / CHUNK + c];
 #ifdef GATE_UP
-                        uq[v * MAX_RPT + r] = LOAD_CHUNK(u4, US, uo + wrow[r] + e, wvec);
+                            uq[v * MAX_RPT + r] = u4[(uo + wrow[r]) / CHUNK + c];
 #endif
+                        }
+                    }
+                }
+            } else {
+                [[unroll]] for (uint v = 0u; v < MAX_UNROLL; v++) {
+                    uint e = min(c0 + v * LANES, nch - 1u) * CHUNK;
+                    [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+                        if (v < UNROLL && r < RPT) {
+                            wq[v * MAX_RPT + r] = LOAD_SCALAR(WS, wo + wrow[r] + e);
+#ifdef GATE_UP
+                            uq[v * MAX_RPT + r] = LOAD_SCALAR(US, uo + wrow[r] + e);
+#endif
+                        }
                     }
                 }
             }
-            for (uint v = 0u; v < UNROLL; v++) {
+            [[unroll]] for (uint v = 0u; v < MAX_UNROLL; v++) {
                 uint e = (c0 + v * LANES) * CHUNK;
-                if (c0 + v * LANES < nch) {
+                if (v < UNROLL && c0 + v * LANES < nch) {
                     float wv[MAX_RPT][CHUNK];
 #ifdef GATE_UP
                     float uv[MAX_RPT][CHUNK];
 #endif
-                    for (uint r = 0u; r < RPT; r++) {
+                    [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
                         unpack(wq[v * MAX_RPT + r], wv[r]);
 #ifdef GATE_UP
                         unpack(uq[v * MAX_RPT + r], uv[r]);
 #endif
                     }
-                    for (uint i = 0u; i < TB; i++) {
+                    [[unroll]] for (uint i = 0u; i < TB; i++) {
                         float xv[CHUNK];
                         if (xvec) {
-                            for (uint q = 0u; q < CHUNK; q += 4u) {
+                            [[unroll]] for (uint q = 0u; q < CHUNK; q += 4u) {
                                 vec4 x4 = act4[(xb[i] + e + q) >> 2];
                                 xv[q] = x4.x; xv[q + 1u] = x4.y; xv[q + 2u] = x4.z; xv[q + 3u] = x4.w;
                             }
                         } else {
-                            for (uint q = 0u; q < CHUNK; q++) {
+                            [[unroll]] for (uint q = 0u; q < CHUNK; q++) {
                                 xv[q] = ACT(xb[i] + e + q);
                             }
                         }
-                        for (uint r = 0u; r < RPT; r++) {
-                            for (uint q = 0u; q < CHUNK; q++) {
-                                acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + wv[r][q] * xv[q];
+                        [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+                            if (r < RPT) {
+                                [[unroll]] for (uint q = 0u; q < CHUNK; q++) {
+                                    acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + wv[r][q] * xv[q];
 #ifdef GATE_UP
-                                acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xv[q];
+                                    acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xv[q];
 #endif
+                                }
                             }
                         }
                     }
@@ -206,17 +223,19 @@ void main() {
         }
         if (lane == 0u) {
             for (uint e = nch * CHUNK; e < pc.cols; e++) {
-                for (uint r = 0u; r < RPT; r++) {
-                    float we = WS(wo + wrow[r] + e);
+                [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+                    if (r < RPT) {
+                        float we = WS(wo + wrow[r] + e);
 #ifdef GATE_UP
-                    float ue = US(uo + wrow[r] + e);
+                        float ue = US(uo + wrow[r] + e);
 #endif
-                    for (uint i = 0u; i < TB; i++) {
-                        float xe = ACT(xb[i] + e);
-                        acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + we * xe;
+                        [[unroll]] for (uint i = 0u; i < TB; i++) {
+                            float xe = ACT(xb[i] + e);
+                            acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + we * xe;
 #ifdef GATE_UP
-                        acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + ue * xe;
+                            acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + ue * xe;
 #endif
+                        }
                     }
                 }
             }
@@ -225,34 +244,34 @@ void main() {
         // shared memory, smaller ones by butterfly shuffles (the same sums in lane 0).
         uint s = LANES / 2u;
         if (gl_SubgroupSize < LANES) {
-            for (uint a = 0u; a < NA; a++) {
+            [[unroll]] for (uint a = 0u; a < NA; a++) {
                 red[a * WG_SIZE + f] = acc[a];
             }
             barrier();
             for (; s >= gl_SubgroupSize; s >>= 1u) {
                 if (lane < s) {
-                    for (uint a = 0u; a < NA; a++) {
+                    [[unroll]] for (uint a = 0u; a < NA; a++) {
                         precise float t = red[a * WG_SIZE + f] + red[a * WG_SIZE + f + s];
                         red[a * WG_SIZE + f] = t;
                     }
                 }
                 barrier();
             }
-            for (uint a = 0u; a < NA; a++) {
+            [[unroll]] for (uint a = 0u; a < NA; a++) {
                 acc[a] = red[a * WG_SIZE + f];
             }
             barrier();
         }
         for (; s > 0u; s >>= 1u) {
-            for (uint a = 0u; a < NA; a++) {
+            [[unroll]] for (uint a = 0u; a < NA; a++) {
                 acc[a] = acc[a] + subgroupShuffleXor(acc[a], s);
             }
         }
         if (lane == 0u) {
-            for (uint r = 0u; r < RPT; r++) {
+            [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
                 uint row = rowb + r;
-                for (uint i = 0u; i < TB; i++) {
-                    if (row < pc.rows && t0 + i < n) {
+                [[unroll]] for (uint i = 0u; i < TB; i++) {
+                    if (r < RPT && row < pc.rows && t0 + i < n) {
                         float val = acc[ACC(0u, r, i)];
 #ifdef GATE_UP
                         precise float hv = silu(val) * acc[ACC(1u, r, i)];
