@@ -121,6 +121,12 @@ pub enum ExpertPath {
     Staged,
 }
 
+/// Most union experts per staged batch: a batch's upload overlaps the previous batch's
+/// kernels, and each batch's kernels bind only its own part of the layer slot (so the
+/// next upload writes a range nothing in flight reads). A full union is split into at
+/// least four batches.
+const STAGE_BATCH: usize = 16;
+
 /// The expert path on devices with their own memory.
 const DISCRETE_DEFAULT: ExpertPath = ExpertPath::StagedPrefill;
 
@@ -151,13 +157,19 @@ pub struct Runner {
     window: u64,
     /// Routing-buffer offset of the expert table (entries indexed by union position).
     tab_off: usize,
+    /// Work submitted but not waited for (staged batches of the current layer).
+    pending: Option<Box<dyn GpuFuture>>,
+    /// Union position of `handles[0]`.
+    held_from: usize,
+    /// Union experts per staged batch.
+    stage_batch: usize,
     /// Host-visible copies of blobs that did not come from a Vulkan arena.
     fallback: Option<Subbuffer<[u8]>>,
     /// Two device-local layer slots for staged prefill, when the device has separate
-    /// device memory.
+    /// device memory (or a staged path was asked for).
     stage: Option<[Subbuffer<[u8]>; 2]>,
     /// Where expert kernels read blobs (staging only where `stage` exists).
-    pub path: ExpertPath,
+    path: ExpertPath,
     /// For each layer, the union size of the last call (0 for dense layers).
     pub union_sizes: Vec<usize>,
     /// Claim accounting since start.
@@ -188,6 +200,23 @@ fn bind(
     let sets =
         w.ranges.iter().map(|rg| set0(ctx, k, std::slice::from_ref(&rg.bytes))).collect::<Result<_, _>>()?;
     Ok(BoundWeight { w, sets })
+}
+
+/// Two layer slots, each holding the largest union of a block of `m` tokens (none for a
+/// model without routed experts).
+fn layer_slots(
+    ctx: &Arc<VulkanContext>,
+    model: &Model,
+    m: usize,
+) -> Result<Option<[Subbuffer<[u8]>; 2]>, VulkanError> {
+    let c = &model.cfg;
+    if c.num_experts == 0 {
+        return Ok(None);
+    }
+    let max_union = c.num_experts.min(m * c.num_experts_per_tok.max(1));
+    let n = (max_union as u64 * model.vault.expert_layout().blob_stride).max(4);
+    let slot = || device_buffer::<u8>(ctx, n, BufferUsage::STORAGE_BUFFER);
+    Ok(Some([slot()?, slot()?]))
 }
 
 impl Runner {
@@ -273,7 +302,6 @@ impl Runner {
         let rope_cos = upload_f32(&ctx, &model.rope.cos)?;
         let rope_sin = upload_f32(&ctx, &model.rope.sin)?;
         let layout = *model.vault.expert_layout();
-        let max_union = c.num_experts.min(m * k);
         let window = ctx.info.max_storage_buffer_range / 2 / 256 * 256;
         if layout.blob_stride > window {
             return Err(VulkanError::Unsupported(format!(
@@ -281,15 +309,7 @@ impl Runner {
                 layout.blob_stride, ctx.info.max_storage_buffer_range
             )));
         }
-        let stage = if !ctx.info.unified_memory && c.num_experts > 0 {
-            let n = (max_union as u64 * layout.blob_stride).max(4);
-            Some([
-                device_buffer::<u8>(&ctx, n, BufferUsage::STORAGE_BUFFER)?,
-                device_buffer::<u8>(&ctx, n, BufferUsage::STORAGE_BUFFER)?,
-            ])
-        } else {
-            None
-        };
+        let stage = if !ctx.info.unified_memory { layer_slots(&ctx, &model, m)? } else { None };
         Ok(Runner {
             kernels,
             max_rows: m,
@@ -306,6 +326,9 @@ impl Runner {
             window_sets: HashMap::new(),
             window,
             tab_off: 2 * m * k,
+            pending: None,
+            held_from: 0,
+            stage_batch: c.num_experts.min(m * k).div_ceil(4).clamp(1, STAGE_BATCH),
             fallback: None,
             stage,
             path: if ctx.info.unified_memory { ExpertPath::ZeroCopy } else { DISCRETE_DEFAULT },
@@ -326,6 +349,16 @@ impl Runner {
             experts,
             arenas,
         })
+    }
+
+    /// Picks the expert path; a staged path on a device without separate device memory
+    /// (where the default reads ring slots in place) allocates the layer slots first.
+    pub fn set_path(&mut self, path: ExpertPath) -> Result<(), VulkanError> {
+        if path != ExpertPath::ZeroCopy && self.stage.is_none() {
+            self.stage = layer_slots(&self.ctx, &self.model, self.max_rows)?;
+        }
+        self.path = path;
+        Ok(())
     }
 
     /// A KV cache for this model on the device.
@@ -359,28 +392,43 @@ impl Runner {
         Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone())
     }
 
+    /// Submits `rec` after the work still in flight and, where given, after `transfer`
+    /// (a staging upload, on the transfer queue where the device has one: it waits for
+    /// nothing else, so it overlaps the work in flight, and `rec` waits for it through a
+    /// semaphore). With `wait` the host waits for everything; otherwise the submission
+    /// stays in flight and the next one is ordered after it by a semaphore.
     fn submit(
-        &self,
+        &mut self,
         rec: Recorder,
         transfer: Option<Arc<PrimaryAutoCommandBuffer>>,
+        wait: bool,
     ) -> Result<(), VulkanError> {
         let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
         let e = verr("running a layer step");
-        let start = vulkano::sync::now(self.ctx.device.clone()).boxed();
+        let now = || vulkano::sync::now(self.ctx.device.clone()).boxed();
+        let start = self.pending.take().unwrap_or_else(now);
         let start = match (transfer, &self.ctx.transfer) {
             (Some(t), Some(q)) => {
-                start.then_execute(q.clone(), t).map_err(&e)?.then_signal_semaphore().boxed()
+                let upload = now()
+                    .then_execute(q.clone(), t)
+                    .map_err(&e)?
+                    .then_signal_semaphore_and_flush()
+                    .map_err(verr("submitting a staging upload"))?;
+                start.join(upload).boxed()
             }
             (Some(t), None) => start.then_execute(self.ctx.compute.clone(), t).map_err(&e)?.boxed(),
             (None, _) => start,
         };
-        start
-            .then_execute(self.ctx.compute.clone(), cb)
-            .map_err(&e)?
-            .then_signal_fence_and_flush()
-            .map_err(verr("submitting a layer step"))?
-            .wait(None)
-            .map_err(verr("waiting for a layer step"))?;
+        let run = start.then_execute(self.ctx.compute.clone(), cb).map_err(&e)?;
+        if wait {
+            run.then_signal_fence_and_flush()
+                .map_err(verr("submitting a layer step"))?
+                .wait(None)
+                .map_err(verr("waiting for a layer step"))?;
+        } else {
+            let f = run.then_signal_semaphore_and_flush().map_err(verr("submitting a layer step"))?;
+            self.pending = Some(f.boxed());
+        }
         Ok(())
     }
 
@@ -484,19 +532,21 @@ impl Runner {
     }
 
     /// Descriptor sets (down, gate/up) binding the window of `blob`'s buffer that starts
-    /// at `start` (bytes) and spans the device's storage-buffer range.
+    /// at `start` and spans `len` bytes (or to the buffer's end). A buffer's windows all
+    /// have one length (the storage-buffer range for ring slots, [`Runner::stage_window`]
+    /// for layer slots), so (buffer, start) names one.
     fn window_sets(
         &mut self,
         blob: &Subbuffer<[u8]>,
         start: u64,
+        len: u64,
     ) -> Result<(Arc<DescriptorSet>, Arc<DescriptorSet>), VulkanError> {
         let key = (Arc::as_ptr(blob.buffer()) as usize, start);
         if let Some(s) = self.window_sets.get(&key) {
             return Ok(s.clone());
         }
         let whole = Subbuffer::from(blob.buffer().clone());
-        let max = self.ctx.info.max_storage_buffer_range;
-        let end = (start + max).min(whole.len()) / 4 * 4;
+        let end = (start + len).min(whole.len()) / 4 * 4;
         let win = whole.slice(start..end);
         let t = super::record::typed(&self.kernels, self.model.vault.expert_layout().dtype);
         let down = set0(&self.ctx, &t.matvec, std::slice::from_ref(&win))?;
@@ -571,7 +621,7 @@ impl Runner {
                 LayerFfn::Dense { .. } => self.dense_ffn(&mut rec, l, m)?,
                 LayerFfn::Moe { .. } => {
                     self.router(&mut rec, l, m)?;
-                    self.submit(rec, transfer.take())?;
+                    self.submit(rec, transfer.take(), true)?;
                     (rec, transfer) = self.moe_experts(l, start, m)?;
                 }
             }
@@ -594,7 +644,7 @@ impl Runner {
             let io0 = (m * h + m * c.num_experts) as u64;
             rec.copy(self.act.clone().slice(lo..lo + v), self.io.clone().slice(io0..io0 + v))?;
         }
-        self.submit(rec, transfer.take())?;
+        self.submit(rec, transfer.take(), true)?;
         self.handles.clear();
         if want_logits {
             let io = self.io.read().map_err(verr("reading logits"))?;
@@ -698,6 +748,11 @@ impl Runner {
         }
         let union = self.union.clone();
         self.handles.clear();
+        self.held_from = 0;
+        let staged = self.staged(m);
+        if staged {
+            self.write_stage_table(&segs)?;
+        }
         // Expert work is recorded in batches of at most `hold_limit` held blobs: when the
         // ring could not take another claim while all our handles are alive, the batch
         // so far is run and its handles dropped first.
@@ -706,8 +761,16 @@ impl Runner {
         for (ui, &e) in union.iter().enumerate() {
             if ui >= announced && self.handles.len() >= self.hold_limit {
                 let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
-                self.submit(rec, transfer)?;
+                self.submit(rec, transfer, true)?;
                 self.handles.clear();
+                self.held_from = ui;
+                rec = self.recorder()?;
+                batch = ui;
+            } else if staged && ui > batch && ui % self.stage_batch == 0 {
+                // Staged: this batch's upload and kernels go now, overlapping the next
+                // batch's claims and upload.
+                let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
+                self.submit(rec, transfer, false)?;
                 rec = self.recorder()?;
                 batch = ui;
             }
@@ -745,6 +808,36 @@ impl Runner {
 }
 
 impl Runner {
+    /// Whether a block of `m` tokens copies its experts into a layer slot.
+    fn staged(&self, m: usize) -> bool {
+        self.stage.is_some()
+            && match self.path {
+                ExpertPath::ZeroCopy => false,
+                ExpertPath::StagedPrefill => m > 1,
+                ExpertPath::Staged => true,
+            }
+    }
+
+    /// Bytes of a layer slot one staged batch's kernels bind.
+    fn stage_window(&self) -> u64 {
+        self.stage_batch as u64 * self.model.vault.expert_layout().blob_stride
+    }
+
+    /// Writes the expert table of a staged layer before its first batch runs (the
+    /// routing buffer cannot be written while batches read it): union position u's blob
+    /// lies at u · blob_stride in the layer slot, inside the window of its batch.
+    fn write_stage_table(&mut self, segs: &[(usize, usize)]) -> Result<(), VulkanError> {
+        let layout = *self.model.vault.expert_layout();
+        let (gran, ds) = (self.stage_window(), layout.dtype.size() as u64);
+        let mut rb = self.route_buf.write().map_err(verr("writing the expert table"))?;
+        for (u, &(s, n)) in segs.iter().enumerate() {
+            let off = u as u64 * layout.blob_stride;
+            let t = self.tab_off + 3 * u;
+            rb[t..t + 3].copy_from_slice(&[((off - off / gran * gran) / ds) as u32, s as u32, n as u32]);
+        }
+        Ok(())
+    }
+
     /// Records the kernels of the held blobs (union indices `first..`, in `self.handles`)
     /// into `rec`; with staging, also records their upload into the layer slot and
     /// returns it (to run before `rec`).
@@ -759,16 +852,11 @@ impl Runner {
         let model = self.model.clone();
         let c = &model.cfg;
         let layout = *model.vault.expert_layout();
-        let staged = self.stage.is_some()
-            && match self.path {
-                ExpertPath::ZeroCopy => false,
-                ExpertPath::StagedPrefill => m > 1,
-                ExpertPath::Staged => true,
-            };
+        let staged = self.staged(m);
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let handles = std::mem::take(&mut self.handles);
         let mut blobs = Vec::with_capacity(handles.len());
-        for (i, hnd) in handles.iter().enumerate() {
+        for (i, hnd) in handles[first - self.held_from..].iter().enumerate() {
             let ui = first + i;
             let src = self.blob_buffer(ui, &hnd[..])?;
             let blob = if staged {
@@ -799,15 +887,17 @@ impl Runner {
         }
         self.handles = handles;
         // One gate/up and one down dispatch per bound window, over the table entries of
-        // its experts (union positions first.., grouped by window).
+        // its experts (union positions first.., grouped by window; staged windows follow
+        // union order, and their table is already written).
+        let gran = if staged { self.stage_window() } else { self.window };
         let mut order: Vec<(usize, u64, usize)> = blobs
             .iter()
             .enumerate()
-            .map(|(i, b)| (Arc::as_ptr(b.buffer()) as usize, b.offset() / self.window * self.window, i))
+            .map(|(i, b)| (Arc::as_ptr(b.buffer()) as usize, b.offset() / gran * gran, i))
             .collect();
         order.sort_unstable();
         let ds = layout.dtype.size() as u64;
-        {
+        if !staged {
             let mut rb = self.route_buf.write().map_err(verr("writing the expert table"))?;
             for (pos, &(_, start, i)) in order.iter().enumerate() {
                 let (s, n) = segs[first + i];
@@ -827,7 +917,8 @@ impl Runner {
         while a < order.len() {
             let (buf, start, i0) = order[a];
             let b = a + order[a..].iter().take_while(|o| (o.0, o.1) == (buf, start)).count();
-            let (down, gu) = self.window_sets(&blobs[i0], start)?;
+            let len = if staged { gran } else { self.ctx.info.max_storage_buffer_range };
+            let (down, gu) = self.window_sets(&blobs[i0], start, len)?;
             // Results do not depend on the kernel (identity), so any multi-token expert
             // picks the batched one for the whole group.
             let batched = order[a..b].iter().any(|o| segs[first + o.2].1 > 1);
