@@ -68,6 +68,9 @@ run)
   for p in staged zero-copy; do
     timeout 60 "$G/vulkan" e2e /tmp/q30 256 32 64 128 "$D" resident $p 2>&1 | grep vulkan | tee -a "$OUT/e2e.txt"
   done
+  for p in staged-prefill zero-copy; do
+    timeout 60 "$G/vulkan" e2e /tmp/q30 512 8 256 128 "$D" resident $p 2>&1 | grep -E "vault|vulkan" | tee -a "$OUT/e2e.txt"
+  done
   timeout 80 "$G/vulkan" e2e /tmp/q30 64 16 64 128 "$D" streamed 2>&1 | tee -a "$OUT/e2e.txt"
   ;;
 *)

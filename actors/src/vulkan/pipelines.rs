@@ -38,7 +38,7 @@ pub struct MatmulTuning {
 
 impl Default for MatmulTuning {
     fn default() -> Self {
-        MatmulTuning { lanes: 32, rows_m1: 2, unroll: 4 }
+        MatmulTuning { lanes: 32, rows_m1: 4, unroll: 2 }
     }
 }
 

@@ -62,10 +62,14 @@ fn upload(h: &KernelHarness, rows: usize, cols: usize, seed: u64, is_bf16: bool,
     h.weight(&WeightView { data, rows, cols }, host).expect("upload")
 }
 
-/// Times `reps` rounds of `record` after one warm-up round; returns the best seconds.
-fn time(reps: usize, mut record: impl FnMut() -> Duration) -> f64 {
-    record();
-    (0..reps).map(|_| record().as_secs_f64()).fold(f64::MAX, f64::min)
+/// Seconds per round of `run(rounds)` (which records `rounds` rounds into one command
+/// buffer and times it): enough rounds that one submission takes about 30 ms (so the
+/// submission and fence overhead is small), best of five after a warm-up.
+fn time(mut run: impl FnMut(usize) -> Duration) -> f64 {
+    let one = run(1).as_secs_f64();
+    let rounds = ((0.03 / one).ceil() as usize).clamp(1, 2000);
+    run(rounds);
+    (0..5).map(|_| run(rounds).as_secs_f64()).fold(f64::MAX, f64::min) / rounds as f64
 }
 
 /// Prints one figure: `bytes` moved in `secs`.
@@ -80,7 +84,7 @@ fn report(what: &str, secs: f64, bytes: f64) {
 
 /// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll).
 const TUNINGS: &[(u32, u32, u32)] =
-    &[(32, 2, 4), (32, 1, 4), (32, 2, 2), (32, 4, 2), (32, 1, 8), (16, 2, 4), (64, 1, 4)];
+    &[(32, 4, 2), (32, 2, 2), (32, 4, 1), (32, 2, 4), (32, 1, 4), (32, 4, 4), (16, 4, 2), (64, 2, 2)];
 
 fn kernels(device: usize) {
     let ctx = VulkanContext::new(device).expect("device");
@@ -147,8 +151,7 @@ fn kernels(device: usize) {
                         groups: k as u32,
                         ..Default::default()
                     };
-                    let rounds = if host { 1 } else { 4 };
-                    let secs = time(3, || {
+                    let secs = time(|rounds| {
                         h.run(
                             |r| {
                                 for g in 0..n_exp / k {
@@ -171,7 +174,7 @@ fn kernels(device: usize) {
                             rounds,
                         )
                         .expect("run")
-                    }) / (rounds * n_exp / k) as f64;
+                    }) / (n_exp / k) as f64;
                     if m == 1 {
                         report(
                             &format!("expert FFN m=1 {name} {place}, {k} experts fused"),
@@ -202,8 +205,7 @@ fn kernels(device: usize) {
                     out_stride: rows as u32,
                     ..Default::default()
                 };
-                let rounds = 4;
-                let secs = time(3, || {
+                let secs = time(|rounds| {
                     h.run(
                         |r| {
                             for w in &ws {
@@ -214,7 +216,7 @@ fn kernels(device: usize) {
                         rounds,
                     )
                     .expect("run")
-                }) / (rounds * n) as f64;
+                }) / n as f64;
                 report(&format!("dense matvec m=1 {name} {rows}x{hid}"), secs, (rows * hid * dsz) as f64);
             }
         }
