@@ -83,8 +83,7 @@ fn report(what: &str, secs: f64, bytes: f64) {
 }
 
 /// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll).
-const TUNINGS: &[(u32, u32, u32)] =
-    &[(32, 4, 2), (32, 2, 2), (32, 4, 1), (32, 2, 4), (32, 1, 4), (32, 4, 4), (16, 4, 2), (64, 2, 2)];
+const TUNINGS: &[(u32, u32, u32)] = &[(32, 4, 2), (32, 2, 4), (32, 4, 4), (32, 2, 2)];
 
 fn kernels(device: usize) {
     let ctx = VulkanContext::new(device).expect("device");
