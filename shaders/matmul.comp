@@ -71,9 +71,9 @@ uint pack2(float lo, float hi) { return (floatBitsToUint(lo) >> 16) | (floatBits
 #define LOAD_SCALAR(SCAL, e)                                                            \
     uvec4(pack2(SCAL((e)), SCAL((e) + 1u)), pack2(SCAL((e) + 2u), SCAL((e) + 3u)),       \
           pack2(SCAL((e) + 4u), SCAL((e) + 5u)), pack2(SCAL((e) + 6u), SCAL((e) + 7u)))
-// Element q of a chunk as stored.
-float elem(uvec4 w, uint q) {
-    return (q & 1u) == 1u ? bf16_hi(w[q >> 1]) : bf16_lo(w[q >> 1]);
+void unpack(uvec4 q, out float v[CHUNK]) {
+    v[0] = bf16_lo(q.x); v[1] = bf16_hi(q.x); v[2] = bf16_lo(q.y); v[3] = bf16_hi(q.y);
+    v[4] = bf16_lo(q.z); v[5] = bf16_hi(q.z); v[6] = bf16_lo(q.w); v[7] = bf16_hi(q.w);
 }
 #else
 #define CHUNK 4u
@@ -87,8 +87,8 @@ layout(set = 0, binding = 1) readonly buffer U4 { vec4 u4[]; };
 #define WS(e) w[e]
 #define US(e) u[e]
 #define LOAD_SCALAR(SCAL, e) vec4(SCAL((e)), SCAL((e) + 1u), SCAL((e) + 2u), SCAL((e) + 3u))
-float elem(vec4 w, uint q) {
-    return w[q];
+void unpack(vec4 q, out float v[CHUNK]) {
+    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
 }
 #endif
 
@@ -185,27 +185,16 @@ void main() {
             [[unroll]] for (uint v = 0u; v < MAX_UNROLL; v++) {
                 uint e = (c0 + v * LANES) * CHUNK;
                 if (v < UNROLL && c0 + v * LANES < nch) {
-#if TB > 1
-                    // Unpacked once for the TB tokens.
                     float wv[MAX_RPT][CHUNK];
 #ifdef GATE_UP
                     float uv[MAX_RPT][CHUNK];
 #endif
                     [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
-                        [[unroll]] for (uint q = 0u; q < CHUNK; q++) {
-                            wv[r][q] = elem(wq[v * MAX_RPT + r], q);
+                        unpack(wq[v * MAX_RPT + r], wv[r]);
 #ifdef GATE_UP
-                            uv[r][q] = elem(uq[v * MAX_RPT + r], q);
+                        unpack(uq[v * MAX_RPT + r], uv[r]);
 #endif
-                        }
                     }
-#define WEL(r, q) wv[r][q]
-#define UEL(r, q) uv[r][q]
-#else
-                    // Unpacked where used, so no unpacked copy of the chunks stays live.
-#define WEL(r, q) elem(wq[v * MAX_RPT + (r)], q)
-#define UEL(r, q) elem(uq[v * MAX_RPT + (r)], q)
-#endif
                     [[unroll]] for (uint i = 0u; i < TB; i++) {
                         float xv[CHUNK];
                         if (xvec) {
@@ -221,9 +210,9 @@ void main() {
                         [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
                             if (r < RPT) {
                                 [[unroll]] for (uint q = 0u; q < CHUNK; q++) {
-                                    acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + WEL(r, q) * xv[q];
+                                    acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + wv[r][q] * xv[q];
 #ifdef GATE_UP
-                                    acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + UEL(r, q) * xv[q];
+                                    acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xv[q];
 #endif
                                 }
                             }
