@@ -112,7 +112,9 @@ uint out_row(uint p) {
 }
 
 float silu(float g) {
-    return g / (1.0 + exp(-g));
+    precise float d = 1.0 + exp(-g);
+    precise float r = g / d;
+    return r;
 }
 
 void main() {
@@ -136,8 +138,10 @@ void main() {
     uint nch = pc.cols / CHUNK;
     bool wvec = pc.cols % CHUNK == 0u && wo % CHUNK == 0u && uo % CHUNK == 0u;
     bool xvec = pc.x_off % 4u == 0u && pc.x_stride % 4u == 0u;
-    // Loops run to compile-time bounds and are unrolled, with the specialization
-    // constants as guards, so every array below lives in registers.
+    // Loops run to compile-time bounds, with the specialization constants as guards, so
+    // every array below has constant indices once unrolled. Only loops without float
+    // arithmetic carry [[unroll]]: spirv-opt's unrolled copies lose NoContraction (the
+    // driver may then fuse or reorder them), so the others are left to the driver.
     uint wrow[MAX_RPT];
     [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
         wrow[r] = min(rowb + min(r, RPT - 1u), pc.rows - 1u) * pc.cols;
@@ -182,34 +186,34 @@ void main() {
                     }
                 }
             }
-            [[unroll]] for (uint v = 0u; v < MAX_UNROLL; v++) {
+            for (uint v = 0u; v < MAX_UNROLL; v++) {
                 uint e = (c0 + v * LANES) * CHUNK;
                 if (v < UNROLL && c0 + v * LANES < nch) {
                     float wv[MAX_RPT][CHUNK];
 #ifdef GATE_UP
                     float uv[MAX_RPT][CHUNK];
 #endif
-                    [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+                    for (uint r = 0u; r < MAX_RPT; r++) {
                         unpack(wq[v * MAX_RPT + r], wv[r]);
 #ifdef GATE_UP
                         unpack(uq[v * MAX_RPT + r], uv[r]);
 #endif
                     }
-                    [[unroll]] for (uint i = 0u; i < TB; i++) {
+                    for (uint i = 0u; i < TB; i++) {
                         float xv[CHUNK];
                         if (xvec) {
-                            [[unroll]] for (uint q = 0u; q < CHUNK; q += 4u) {
+                            for (uint q = 0u; q < CHUNK; q += 4u) {
                                 vec4 x4 = act4[(xb[i] + e + q) >> 2];
                                 xv[q] = x4.x; xv[q + 1u] = x4.y; xv[q + 2u] = x4.z; xv[q + 3u] = x4.w;
                             }
                         } else {
-                            [[unroll]] for (uint q = 0u; q < CHUNK; q++) {
+                            for (uint q = 0u; q < CHUNK; q++) {
                                 xv[q] = ACT(xb[i] + e + q);
                             }
                         }
-                        [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+                        for (uint r = 0u; r < MAX_RPT; r++) {
                             if (r < RPT) {
-                                [[unroll]] for (uint q = 0u; q < CHUNK; q++) {
+                                for (uint q = 0u; q < CHUNK; q++) {
                                     acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + wv[r][q] * xv[q];
 #ifdef GATE_UP
                                     acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xv[q];
@@ -223,13 +227,13 @@ void main() {
         }
         if (lane == 0u) {
             for (uint e = nch * CHUNK; e < pc.cols; e++) {
-                [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+                for (uint r = 0u; r < MAX_RPT; r++) {
                     if (r < RPT) {
                         float we = WS(wo + wrow[r] + e);
 #ifdef GATE_UP
                         float ue = US(uo + wrow[r] + e);
 #endif
-                        [[unroll]] for (uint i = 0u; i < TB; i++) {
+                        for (uint i = 0u; i < TB; i++) {
                             float xe = ACT(xb[i] + e);
                             acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + we * xe;
 #ifdef GATE_UP
@@ -244,33 +248,33 @@ void main() {
         // shared memory, smaller ones by butterfly shuffles (the same sums in lane 0).
         uint s = LANES / 2u;
         if (gl_SubgroupSize < LANES) {
-            [[unroll]] for (uint a = 0u; a < NA; a++) {
+            for (uint a = 0u; a < NA; a++) {
                 red[a * WG_SIZE + f] = acc[a];
             }
             barrier();
             for (; s >= gl_SubgroupSize; s >>= 1u) {
                 if (lane < s) {
-                    [[unroll]] for (uint a = 0u; a < NA; a++) {
+                    for (uint a = 0u; a < NA; a++) {
                         precise float t = red[a * WG_SIZE + f] + red[a * WG_SIZE + f + s];
                         red[a * WG_SIZE + f] = t;
                     }
                 }
                 barrier();
             }
-            [[unroll]] for (uint a = 0u; a < NA; a++) {
+            for (uint a = 0u; a < NA; a++) {
                 acc[a] = red[a * WG_SIZE + f];
             }
             barrier();
         }
         for (; s > 0u; s >>= 1u) {
-            [[unroll]] for (uint a = 0u; a < NA; a++) {
+            for (uint a = 0u; a < NA; a++) {
                 acc[a] = acc[a] + subgroupShuffleXor(acc[a], s);
             }
         }
         if (lane == 0u) {
-            [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
+            for (uint r = 0u; r < MAX_RPT; r++) {
                 uint row = rowb + r;
-                [[unroll]] for (uint i = 0u; i < TB; i++) {
+                for (uint i = 0u; i < TB; i++) {
                     if (r < RPT && row < pc.rows && t0 + i < n) {
                         float val = acc[ACC(0u, r, i)];
 #ifdef GATE_UP
