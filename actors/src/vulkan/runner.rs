@@ -2,7 +2,10 @@
 //! uploaded once, one activation arena sized for `max_rows` tokens, one command buffer
 //! per layer step and one host sync per MoE layer (the router's logits come back, the
 //! host routes exactly as the CPU reference does, claims the experts from the ring and
-//! records their kernels reading the ring slots in place).
+//! records their kernels, reading the ring slots in place or staged copies of them).
+//! The experts of one bound buffer window run as one gate/up and one down dispatch over
+//! an expert table; staged prefill uploads the union in batches, each batch's upload
+//! overlapping the previous batch's kernels.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -114,8 +117,9 @@ struct LayerBufs {
 pub enum ExpertPath {
     /// Kernels read the host-visible ring slots in place (every block).
     ZeroCopy,
-    /// Multi-row blocks copy their union into a device-local layer slot first (on the
-    /// transfer queue where the device has one); decode reads ring slots in place.
+    /// Multi-row blocks copy their union into a device-local layer slot (on the
+    /// transfer queue where the device has one), in batches whose uploads overlap the
+    /// previous batch's kernels; decode reads ring slots in place.
     StagedPrefill,
     /// Every block, decode included, copies its blobs into a layer slot first.
     Staged,
