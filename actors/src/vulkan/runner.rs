@@ -790,6 +790,9 @@ impl Runner {
                     for &later in union.iter().take(announced).skip(ui + 1) {
                         self.experts.withdraw(ExpertKey::new(l, later as usize));
                     }
+                    // Dropping the staged batches in flight waits for them, so no upload
+                    // still reads a slot whose handle goes now.
+                    self.pending = None;
                     self.handles.clear();
                     return Err(ForwardError::Vault(err).into());
                 }
