@@ -61,11 +61,16 @@ run)
     "$G/smoe-pipeline" convert --hf "tests/fixtures/$f" --out "/tmp/$f.vault" --force >/dev/null 2>&1
     echo "== diag $f"; timeout 60 "$G/vulkan" diag "/tmp/$f.vault" "$D" 2>&1 | tee -a "$OUT/diag.txt"
   done
-  timeout 100 "$G/vulkan" kernels "$D" 2>&1 | tee "$OUT/bench_kernels.txt"
+  timeout 240 "$G/vulkan" kernels "$D" 2>&1 | tee "$OUT/bench_kernels.txt"
   timeout 60 "$G/smoe-pipeline" synth --preset qwen3-30b-a3b --layers 3 --out /tmp/q30 2>&1 | tail -1
   echo "== diag q30 (3 layers)"; timeout 120 "$G/vulkan" diag /tmp/q30 "$D" 2>&1 | tee -a "$OUT/diag.txt"
   timeout 90 "$G/vulkan" e2e /tmp/q30 256 32 64 128 "$D" resident 2>&1 | tee "$OUT/e2e.txt"
-  timeout 60 "$G/vulkan" e2e /tmp/q30 256 32 64 128 "$D" resident staged 2>&1 | grep vulkan | tee -a "$OUT/e2e.txt"
+  for p in staged zero-copy; do
+    timeout 60 "$G/vulkan" e2e /tmp/q30 256 32 64 128 "$D" resident $p 2>&1 | grep vulkan | tee -a "$OUT/e2e.txt"
+  done
+  for p in staged-prefill zero-copy; do
+    timeout 60 "$G/vulkan" e2e /tmp/q30 512 8 256 128 "$D" resident $p 2>&1 | grep -E "vault|vulkan" | tee -a "$OUT/e2e.txt"
+  done
   timeout 80 "$G/vulkan" e2e /tmp/q30 64 16 64 128 "$D" streamed 2>&1 | tee -a "$OUT/e2e.txt"
   ;;
 *)

@@ -9,7 +9,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smoe_actors::kernels;
 use smoe_actors::tensor::{WeightData, WeightView};
-use smoe_actors::vulkan::harness::{KernelHarness, MatmulArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER};
+use smoe_actors::vulkan::harness::{
+    KernelHarness, MatmulArgs, MatmulTuning, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
+};
 
 const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
@@ -184,4 +186,172 @@ fn batched_scatter_and_accumulate_are_byte_identical_to_m1() {
     let b = h.read_act(300_000, m * rows).unwrap();
     let s = h.read_act(600_000, m * rows).unwrap();
     assert_eq!(bits(&b), bits(&s));
+}
+
+/// Writes `pairs` token indices (pair p → token `map[p]`), then the expert table at
+/// `tab`: expert e at weight offset e·rows·cols with pairs `segs[e]`.
+fn write_table(h: &KernelHarness, map: &[u32], tab: usize, rows: usize, cols: usize, segs: &[(u32, u32)]) {
+    let mut route = map.to_vec();
+    route.resize(tab, 0);
+    for (e, &(s, n)) in segs.iter().enumerate() {
+        route.extend([(e * rows * cols) as u32, s, n]);
+    }
+    h.write_route(&route).unwrap();
+}
+
+#[test]
+fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 4096).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    // Experts with 1 (m=1 kernel alone), 5 and 9 pairs, in one table dispatch.
+    let segs = [(0u32, 5u32), (5, 1), (6, 9)];
+    let pairs = 15usize;
+    for &(rows, cols) in &[(37usize, 45usize), (16, 64), (130, 96)] {
+        let e = segs.len();
+        let (gf, uf) = (rand_vec(&mut rng, e * rows * cols), rand_vec(&mut rng, e * rows * cols));
+        let (gb, ub) = (bf16(&gf), bf16(&uf));
+        let tokens = 7usize;
+        h.write_act(0, &rand_vec(&mut rng, tokens * cols)).unwrap();
+        let map: Vec<u32> = (0..pairs as u32).map(|p| (p * 3) % tokens as u32).collect();
+        let tab = 1024;
+        write_table(&h, &map, tab, rows, cols, &segs);
+        for (g, u) in
+            [(WeightData::F32(&gf), WeightData::F32(&uf)), (WeightData::Bf16(&gb), WeightData::Bf16(&ub))]
+        {
+            let gw = h.weight(&WeightView { data: g, rows: e * rows, cols }, false).unwrap();
+            let uw = h.weight(&WeightView { data: u, rows: e * rows, cols }, true).unwrap();
+            let pair = h.pair(&gw, &uw).unwrap();
+            let base = MatmulArgs {
+                rows: rows as u32,
+                cols: cols as u32,
+                x_stride: cols as u32,
+                out_stride: rows as u32,
+                map_div: 1,
+                ..Default::default()
+            };
+            // gate/up: gathered inputs, outputs by pair; then down-style: inputs by pair,
+            // scattered (accumulated) outputs.
+            let (t_out, e_out) = (300_000u32, 600_000u32);
+            h.run(
+                |r| {
+                    let a = MatmulArgs {
+                        out_off: t_out,
+                        flags: FLAG_GATHER | FLAG_TABLE,
+                        tab_off: tab as u32,
+                        groups: e as u32,
+                        ..base
+                    };
+                    r.gate_up(gw.dtype, true, pair.clone(), a)?;
+                    for (i, &(s, n)) in segs.iter().enumerate() {
+                        let off = (i * rows * cols) as u32;
+                        let a = MatmulArgs {
+                            m: n,
+                            w_off: off,
+                            w2_off: off,
+                            map_off: s,
+                            out_off: e_out + s * rows as u32,
+                            flags: FLAG_GATHER,
+                            ..base
+                        };
+                        r.gate_up(gw.dtype, n > 1, pair.clone(), a)?;
+                    }
+                    Ok(())
+                },
+                1,
+            )
+            .unwrap();
+            let a = h.read_act(t_out as usize, pairs * rows).unwrap();
+            let b = h.read_act(e_out as usize, pairs * rows).unwrap();
+            assert_eq!(bits(&a), bits(&b), "gate/up {:?} rows {rows} cols {cols}", gw.dtype);
+            // Scattered rows are distinct (as the executor's pair rows are).
+            let perm: Vec<u32> = (0..pairs as u32).map(|p| (p * 4) % pairs as u32).collect();
+            write_table(&h, &perm, tab, rows, cols, &segs);
+            let init = rand_vec(&mut rng, pairs * rows);
+            h.write_act(t_out as usize, &init).unwrap();
+            h.write_act(e_out as usize, &init).unwrap();
+            let x_off = 100_000u32;
+            h.write_act(x_off as usize, &rand_vec(&mut rng, pairs * cols)).unwrap();
+            let down = MatmulArgs { x_off, flags: FLAG_SCATTER | FLAG_ACCUMULATE, ..base };
+            h.run(
+                |r| {
+                    let a = MatmulArgs {
+                        out_off: t_out,
+                        flags: down.flags | FLAG_TABLE,
+                        tab_off: tab as u32,
+                        groups: e as u32,
+                        ..down
+                    };
+                    r.matmul(gw.dtype, true, gw.set(), a)?;
+                    for (i, &(s, n)) in segs.iter().enumerate() {
+                        let a = MatmulArgs {
+                            m: n,
+                            w_off: (i * rows * cols) as u32,
+                            x_off: x_off + s * cols as u32,
+                            map_off: s,
+                            out_off: e_out,
+                            ..down
+                        };
+                        r.matmul(gw.dtype, n > 1, gw.set(), a)?;
+                    }
+                    Ok(())
+                },
+                1,
+            )
+            .unwrap();
+            let a = h.read_act(t_out as usize, pairs * rows).unwrap();
+            let b = h.read_act(e_out as usize, pairs * rows).unwrap();
+            assert_eq!(bits(&a), bits(&b), "down {:?} rows {rows} cols {cols}", gw.dtype);
+            write_table(&h, &map, tab, rows, cols, &segs);
+        }
+    }
+}
+
+#[test]
+fn rows_and_unroll_of_a_tuning_do_not_change_results() {
+    let Some(ctx) = vulkan::context() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let tunings =
+        [(1, 1), (4, 2), (3, 8), (2, 5)].map(|(rows_m1, unroll)| MatmulTuning { lanes: 32, rows_m1, unroll });
+    let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2)];
+    let data: Vec<_> = shapes
+        .iter()
+        .map(|&(rows, cols, m)| {
+            (rand_vec(&mut rng, rows * cols), rand_vec(&mut rng, rows * cols), rand_vec(&mut rng, m * cols))
+        })
+        .collect();
+    let mut first: Option<Vec<Vec<u32>>> = None;
+    for t in tunings {
+        let h = KernelHarness::with_tuning(ctx.clone(), 1 << 20, 1024, t).unwrap();
+        let mut outs = Vec::new();
+        for (&(rows, cols, m), (gf, uf, xs)) in shapes.iter().zip(&data) {
+            h.write_act(0, xs).unwrap();
+            let (gb, ub) = (bf16(gf), bf16(uf));
+            for (g, u) in
+                [(WeightData::F32(gf), WeightData::F32(uf)), (WeightData::Bf16(&gb), WeightData::Bf16(&ub))]
+            {
+                let gw = h.weight(&WeightView { data: g, rows, cols }, false).unwrap();
+                let uw = h.weight(&WeightView { data: u, rows, cols }, false).unwrap();
+                let pair = h.pair(&gw, &uw).unwrap();
+                for batched in [false, true] {
+                    let a = MatmulArgs {
+                        m: if batched { m as u32 } else { 1 },
+                        x_stride: cols as u32,
+                        out_off: 300_000,
+                        out_stride: rows as u32,
+                        ..Default::default()
+                    };
+                    let n = a.m as usize * rows;
+                    h.matmul(&gw, a, batched, 1).unwrap();
+                    outs.push(bits(&h.read_act(300_000, n).unwrap()));
+                    h.gate_up(&gw, &pair, a, batched, 1).unwrap();
+                    outs.push(bits(&h.read_act(300_000, n).unwrap()));
+                }
+            }
+        }
+        match &first {
+            None => first = Some(outs),
+            Some(f) => assert!(f == &outs, "tuning {t:?} changed results"),
+        }
+    }
 }

@@ -37,3 +37,40 @@ fn checked_in_spirv_matches_the_glsl_sources() {
     }
     assert!(n > 0);
 }
+
+/// Every float add, subtract, multiply and divide of the matmul kernels carries
+/// NoContraction: without it a driver may fuse or reorder them, differently in the m=1
+/// and batched kernels (seen on NVIDIA when spirv-opt's loop unrolling dropped the
+/// decoration from unrolled copies).
+#[test]
+fn matmul_kernels_keep_no_contraction_on_every_float_op() {
+    let spv = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/spv");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&spv).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if !["matvec", "matmul", "gate_up"].iter().any(|k| name.starts_with(k)) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let words: Vec<u32> =
+            bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+        let (mut precise, mut float_ops) = (std::collections::HashSet::new(), Vec::new());
+        let mut i = 5;
+        while i < words.len() {
+            let (len, op) = ((words[i] >> 16) as usize, words[i] & 0xffff);
+            // OpDecorate id NoContraction (42); OpFAdd, OpFSub, OpFMul, OpFDiv.
+            if op == 71 && words[i + 2] == 42 {
+                precise.insert(words[i + 1]);
+            }
+            if [129, 131, 133, 136].contains(&op) {
+                float_ops.push(words[i + 2]);
+            }
+            i += len.max(1);
+        }
+        let loose = float_ops.iter().filter(|id| !precise.contains(id)).count();
+        assert_eq!(loose, 0, "{name}: {loose} of {} float ops lack NoContraction", float_ops.len());
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+}

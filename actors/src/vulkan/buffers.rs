@@ -121,7 +121,8 @@ pub struct DeviceWeight {
     pub ranges: Vec<WeightRange>,
 }
 
-/// Most output rows one matmul dispatch covers (65535 workgroups of 4 rows).
+/// Most output rows one matmul dispatch covers (65535 workgroups of at least 4 rows:
+/// 256 invocations, at most 64 lanes a row, at least one row per lane group).
 pub const MAX_DISPATCH_ROWS: usize = 65535 * 4;
 
 /// Rows per bound range so that each range fits `max_range` bytes and starts at an

@@ -36,7 +36,7 @@ struct ForwardDone {
 enum Job {
     Forward(Box<ForwardJob>, flume::Sender<ForwardDone>),
     NewKv(flume::Sender<Result<VulkanKvCache, VulkanError>>),
-    ExpertPath(ExpertPath),
+    ExpertPath(ExpertPath, flume::Sender<Result<(), VulkanError>>),
 }
 
 fn serve(mut runner: Runner, jobs: flume::Receiver<Job>) {
@@ -56,7 +56,9 @@ fn serve(mut runner: Runner, jobs: flume::Receiver<Job>) {
             Job::NewKv(reply) => {
                 let _ = reply.send(runner.new_kv());
             }
-            Job::ExpertPath(p) => runner.path = p,
+            Job::ExpertPath(p, reply) => {
+                let _ = reply.send(runner.set_path(p));
+            }
         }
     }
 }
@@ -172,9 +174,12 @@ impl VulkanForward {
 
     /// Chooses where expert kernels read blobs: in place from the ring, or staged into
     /// device-local layer slots for prefill blocks (the default where the device has
-    /// its own memory) or for every block. Staging is ignored on single-heap devices.
+    /// its own memory) or for every block. On single-heap devices a staged path first
+    /// allocates the two layer slots (there it only serves to check staging).
     pub fn set_expert_path(&self, path: ExpertPath) -> Result<(), VulkanError> {
-        self.send(Job::ExpertPath(path))
+        let (tx, rx) = flume::bounded(1);
+        self.send(Job::ExpertPath(path, tx))?;
+        rx.recv().map_err(|_| VulkanError::ExecutorGone)?
     }
 
     /// Starts recording every expert claim (see [`VulkanForward::take_trace`]).

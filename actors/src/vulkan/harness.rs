@@ -12,11 +12,12 @@ use vulkano::sync::GpuFuture;
 use super::buffers::{device_buffer, host_buffer, upload, verr, DeviceWeight};
 use super::context::VulkanContext;
 use super::pipelines::Kernels;
+pub use super::pipelines::MatmulTuning;
 use super::record::{set0, typed, Recorder};
 use super::VulkanError;
 use crate::tensor::WeightView;
 
-pub use super::record::{MatmulArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER};
+pub use super::record::{MatmulArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
 pub use vulkano::descriptor_set::DescriptorSet;
 
 /// A weight matrix on the device, bound whole (it must fit one storage-buffer range).
@@ -48,9 +49,20 @@ pub struct KernelHarness {
 }
 
 impl KernelHarness {
-    /// A harness with `act_len` activation floats and `route_len` routing words.
+    /// A harness with `act_len` activation floats and `route_len` routing words, and the
+    /// backend's default matmul tuning.
     pub fn new(ctx: Arc<VulkanContext>, act_len: usize, route_len: usize) -> Result<Self, VulkanError> {
-        let kernels = Arc::new(Kernels::new(&ctx.device)?);
+        Self::with_tuning(ctx, act_len, route_len, MatmulTuning::default())
+    }
+
+    /// [`KernelHarness::new`] with the matmul kernels split as `tuning` says.
+    pub fn with_tuning(
+        ctx: Arc<VulkanContext>,
+        act_len: usize,
+        route_len: usize,
+        tuning: MatmulTuning,
+    ) -> Result<Self, VulkanError> {
+        let kernels = Arc::new(Kernels::new(&ctx.device, tuning)?);
         let act = device_buffer::<f32>(&ctx, act_len as u64, BufferUsage::STORAGE_BUFFER)?;
         let route = host_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
         let act_set = DescriptorSet::new(

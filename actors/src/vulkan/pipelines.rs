@@ -1,6 +1,7 @@
 //! The compute pipelines: SPIR-V (compiled by `build.rs` from `shaders/`) loaded into
 //! shader modules, one pipeline per kernel, all sharing the activation descriptor set
-//! layout (set 1: the activation arena and the routing buffer).
+//! layout (set 1: the activation arena and the routing buffer). The matmul kernels are
+//! specialized by a [`MatmulTuning`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,15 +9,38 @@ use std::sync::Arc;
 use vulkano::descriptor_set::layout::{
     DescriptorSetLayout, DescriptorSetLayoutBinding, DescriptorSetLayoutCreateInfo, DescriptorType,
 };
+use vulkano::device::physical::SubgroupFeatures;
 use vulkano::device::Device;
 use vulkano::pipeline::compute::ComputePipelineCreateInfo;
 use vulkano::pipeline::layout::{PipelineDescriptorSetLayoutCreateInfo, PipelineLayoutCreateInfo};
 use vulkano::pipeline::{ComputePipeline, Pipeline, PipelineLayout, PipelineShaderStageCreateInfo};
-use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo, ShaderStages};
+use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo, ShaderStages, SpecializationConstant};
 
 use super::VulkanError;
 
 include!(concat!(env!("OUT_DIR"), "/spirv_table.rs"));
+
+/// Invocations per workgroup of every kernel (`WG_SIZE` in `shaders/common.glsl`).
+const WG_SIZE: u32 = 256;
+
+/// How the matmul kernels split their work (`shaders/matmul.comp`'s specialization
+/// constants). `lanes` is part of the summation order, so every kernel of one backend
+/// instance uses the same value; the rest only moves work between invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulTuning {
+    /// Lanes that split one dot product (a power of two, 2..=64).
+    pub lanes: u32,
+    /// Rows per lane group of the m=1 kernels (1..=4).
+    pub rows_m1: u32,
+    /// Weight chunks each lane loads before using them (1..=8).
+    pub unroll: u32,
+}
+
+impl Default for MatmulTuning {
+    fn default() -> Self {
+        MatmulTuning { lanes: 32, rows_m1: 4, unroll: 2 }
+    }
+}
 
 /// One kernel: its pipeline and layout.
 #[derive(Clone)]
@@ -25,6 +49,8 @@ pub struct Kernel {
     pub pipeline: Arc<ComputePipeline>,
     /// Its layout (set 0: the kernel's weights or caches; set 1: activations).
     pub layout: Arc<PipelineLayout>,
+    /// Output rows one workgroup computes (matmul kernels; 1 for the others).
+    pub rows_per_wg: u32,
 }
 
 impl Kernel {
@@ -78,12 +104,21 @@ fn verr(what: &str) -> impl Fn(&dyn std::fmt::Display) -> VulkanError + '_ {
     move |e| VulkanError::Vulkan(format!("{what}: {e}"))
 }
 
-fn kernel(device: &Arc<Device>, act: &Arc<DescriptorSetLayout>, name: &str) -> Result<Kernel, VulkanError> {
+/// Builds kernel `name`; `spec` = (rows per lane group, unroll, lanes) for matmul kernels.
+fn kernel(
+    device: &Arc<Device>,
+    act: &Arc<DescriptorSetLayout>,
+    name: &str,
+    spec: Option<[u32; 3]>,
+) -> Result<Kernel, VulkanError> {
     let words = spirv(name)?;
     // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders.
     let module = unsafe { ShaderModule::new(device.clone(), ShaderModuleCreateInfo::new(&words)) }
         .map_err(|e| verr(name)(&e))?;
+    let constants = spec.iter().flat_map(|v| v.iter().enumerate());
     let entry = module
+        .specialize(constants.map(|(i, &c)| (i as u32, SpecializationConstant::U32(c))).collect())
+        .map_err(|e| verr(name)(&e))?
         .entry_point("main")
         .ok_or_else(|| VulkanError::Vulkan(format!("shader `{name}` has no main")))?;
     let stage = PipelineShaderStageCreateInfo::new(entry);
@@ -119,12 +154,31 @@ fn kernel(device: &Arc<Device>, act: &Arc<DescriptorSetLayout>, name: &str) -> R
             "checking kernel `{name}`: its write to the activation arena is not visible to barrier tracking"
         )));
     }
-    Ok(Kernel { pipeline, layout })
+    let rows_per_wg = spec.map_or(1, |[rows, _, lanes]| WG_SIZE / lanes * rows);
+    Ok(Kernel { pipeline, layout, rows_per_wg })
 }
 
 impl Kernels {
-    /// Builds every pipeline on `device`.
-    pub fn new(device: &Arc<Device>) -> Result<Kernels, VulkanError> {
+    /// Builds every pipeline on `device`, the matmul kernels split as `tuning` says.
+    pub fn new(device: &Arc<Device>, tuning: MatmulTuning) -> Result<Kernels, VulkanError> {
+        let t = tuning;
+        if !t.lanes.is_power_of_two()
+            || !(2..=64).contains(&t.lanes)
+            || !(1..=4).contains(&t.rows_m1)
+            || !(1..=8).contains(&t.unroll)
+        {
+            return Err(VulkanError::Unsupported(format!("matmul tuning {t:?}")));
+        }
+        let p = device.physical_device().properties();
+        let ops = p.subgroup_supported_operations.unwrap_or_default();
+        let stages = p.subgroup_supported_stages.unwrap_or_default();
+        if !ops.contains(SubgroupFeatures::BASIC | SubgroupFeatures::SHUFFLE)
+            || !stages.contains(ShaderStages::COMPUTE)
+        {
+            return Err(VulkanError::Unsupported(
+                "the device lacks subgroup shuffles in compute shaders".into(),
+            ));
+        }
         let storage = |_| DescriptorSetLayoutBinding {
             stages: ShaderStages::COMPUTE,
             ..DescriptorSetLayoutBinding::descriptor_type(DescriptorType::StorageBuffer)
@@ -135,13 +189,16 @@ impl Kernels {
             DescriptorSetLayoutCreateInfo { bindings, ..Default::default() },
         )
         .map_err(|e| verr("activation set layout")(&e))?;
-        let k = |name: &str| kernel(device, &act_layout, name);
-        let typed = |t: &str| -> Result<TypedKernels, VulkanError> {
+        let k = |name: &str| kernel(device, &act_layout, name, None);
+        let m1 = |name: &str| kernel(device, &act_layout, name, Some([t.rows_m1, t.unroll, t.lanes]));
+        // The batched kernels hold 8 tokens' accumulators: one row per lane group.
+        let mm = |name: &str| kernel(device, &act_layout, name, Some([1, t.unroll.min(2), t.lanes]));
+        let typed = |ty: &str| -> Result<TypedKernels, VulkanError> {
             Ok(TypedKernels {
-                matvec: k(&format!("matvec_{t}"))?,
-                matmul: k(&format!("matmul_{t}"))?,
-                gate_up: k(&format!("gate_up_{t}"))?,
-                gate_up_batched: k(&format!("gate_up_batched_{t}"))?,
+                matvec: m1(&format!("matvec_{ty}"))?,
+                matmul: mm(&format!("matmul_{ty}"))?,
+                gate_up: m1(&format!("gate_up_{ty}"))?,
+                gate_up_batched: mm(&format!("gate_up_batched_{ty}"))?,
             })
         };
         Ok(Kernels {

@@ -23,6 +23,8 @@ pub const FLAG_ACCUMULATE: u32 = 1;
 pub const FLAG_GATHER: u32 = 2;
 /// Token j's output row is `route[map_off + j]`.
 pub const FLAG_SCATTER: u32 = 4;
+/// One dispatch over `groups` experts, described by the table at `tab_off`.
+pub const FLAG_TABLE: u32 = 8;
 
 /// Push constants of the matmul and gate/up kernels (see `shaders/matmul.comp`).
 #[derive(Clone, Copy, Debug, Default)]
@@ -51,10 +53,15 @@ pub struct MatmulArgs {
     pub map_div: u32,
     /// `FLAG_*` bits.
     pub flags: u32,
+    /// Routing-buffer offset of the expert table (with [`FLAG_TABLE`]): per expert,
+    /// (weight element offset added to `w_off` and `w2_off`, first pair, pair count).
+    pub tab_off: u32,
+    /// Table entries, one workgroup row each (with [`FLAG_TABLE`]; else 1 is used).
+    pub groups: u32,
 }
 
 impl MatmulArgs {
-    fn words(&self) -> [u32; 12] {
+    fn words(&self) -> [u32; 13] {
         [
             self.rows,
             self.cols,
@@ -68,7 +75,13 @@ impl MatmulArgs {
             self.map_off,
             self.map_div.max(1),
             self.flags,
+            self.tab_off,
         ]
+    }
+
+    fn groups(&self, k: &Kernel) -> [u32; 3] {
+        let y = if self.flags & FLAG_TABLE != 0 { self.groups } else { 1 };
+        [self.rows.div_ceil(k.rows_per_wg), y, 1]
     }
 }
 
@@ -153,7 +166,7 @@ impl Recorder {
     ) -> Result<(), VulkanError> {
         let t = typed(&self.kernels, dtype);
         let k = if batched { t.matmul.clone() } else { t.matvec.clone() };
-        self.dispatch(&k, Some(set), a.words(), [a.rows.div_ceil(4), 1, 1])
+        self.dispatch(&k, Some(set), a.words(), a.groups(&k))
     }
 
     /// The fused gate/up + SiLU product (`batched` or m=1 kernel).
@@ -166,7 +179,7 @@ impl Recorder {
     ) -> Result<(), VulkanError> {
         let t = typed(&self.kernels, dtype);
         let k = if batched { t.gate_up_batched.clone() } else { t.gate_up.clone() };
-        self.dispatch(&k, Some(set), a.words(), [a.rows.div_ceil(4), 1, 1])
+        self.dispatch(&k, Some(set), a.words(), a.groups(&k))
     }
 
     /// RMSNorm of `m` rows of `n` elements.

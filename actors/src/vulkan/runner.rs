@@ -2,7 +2,10 @@
 //! uploaded once, one activation arena sized for `max_rows` tokens, one command buffer
 //! per layer step and one host sync per MoE layer (the router's logits come back, the
 //! host routes exactly as the CPU reference does, claims the experts from the ring and
-//! records their kernels reading the ring slots in place).
+//! records their kernels, reading the ring slots in place or staged copies of them).
+//! The experts of one bound buffer window run as one gate/up and one down dispatch over
+//! an expert table; staged prefill uploads the union in batches, each batch's upload
+//! overlapping the previous batch's kernels.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,8 +22,8 @@ use super::allocator::ArenaRegistry;
 use super::buffers::{device_buffer, host_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
 use super::kv::{KvLayer, VulkanKvCache};
-use super::pipelines::Kernels;
-use super::record::{set0, MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER};
+use super::pipelines::{Kernels, MatmulTuning};
+use super::record::{set0, MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
 use super::{VulkanError, VulkanForwardError};
 use crate::forward::{ClaimEvent, ClaimTally, ForwardError};
 use crate::model::{FfnRefs, Model};
@@ -114,12 +117,19 @@ struct LayerBufs {
 pub enum ExpertPath {
     /// Kernels read the host-visible ring slots in place (every block).
     ZeroCopy,
-    /// Multi-row blocks copy their union into a device-local layer slot first (on the
-    /// transfer queue where the device has one); decode reads ring slots in place.
+    /// Multi-row blocks copy their union into a device-local layer slot (on the
+    /// transfer queue where the device has one), in batches whose uploads overlap the
+    /// previous batch's kernels; decode reads ring slots in place.
     StagedPrefill,
     /// Every block, decode included, copies its blobs into a layer slot first.
     Staged,
 }
+
+/// Most union experts per staged batch: a batch's upload overlaps the previous batch's
+/// kernels, and each batch's kernels bind only its own part of the layer slot (so the
+/// next upload writes a range nothing in flight reads). A full union is split into at
+/// least four batches.
+const STAGE_BATCH: usize = 16;
 
 /// The expert path on devices with their own memory.
 const DISCRETE_DEFAULT: ExpertPath = ExpertPath::StagedPrefill;
@@ -142,15 +152,28 @@ pub struct Runner {
     lm_head: BoundWeight,
     rope_cos: Subbuffer<[u8]>,
     rope_sin: Subbuffer<[u8]>,
-    /// Descriptor sets of expert blobs: (buffer, offset) → (down set, gate/up set).
-    blob_sets: HashMap<(usize, u64), (Arc<DescriptorSet>, Arc<DescriptorSet>)>,
+    /// Descriptor sets of expert-blob windows: (buffer, window start) → (down set,
+    /// gate/up set).
+    window_sets: HashMap<(usize, u64), (Arc<DescriptorSet>, Arc<DescriptorSet>)>,
+    /// Byte granularity of window starts: a blob at offset o is bound in the window
+    /// starting at o rounded down to a multiple of this (half the storage-buffer range,
+    /// so the window holds the whole blob).
+    window: u64,
+    /// Routing-buffer offset of the expert table (entries indexed by union position).
+    tab_off: usize,
+    /// Work submitted but not waited for (staged batches of the current layer).
+    pending: Option<Box<dyn GpuFuture>>,
+    /// Union position of `handles[0]`.
+    held_from: usize,
+    /// Union experts per staged batch.
+    stage_batch: usize,
     /// Host-visible copies of blobs that did not come from a Vulkan arena.
     fallback: Option<Subbuffer<[u8]>>,
     /// Two device-local layer slots for staged prefill, when the device has separate
-    /// device memory.
+    /// device memory (or a staged path was asked for).
     stage: Option<[Subbuffer<[u8]>; 2]>,
     /// Where expert kernels read blobs (staging only where `stage` exists).
-    pub path: ExpertPath,
+    path: ExpertPath,
     /// For each layer, the union size of the last call (0 for dense layers).
     pub union_sizes: Vec<usize>,
     /// Claim accounting since start.
@@ -181,6 +204,23 @@ fn bind(
     Ok(BoundWeight { w, sets })
 }
 
+/// Two layer slots, each holding the largest union of a block of `m` tokens (none for a
+/// model without routed experts).
+fn layer_slots(
+    ctx: &Arc<VulkanContext>,
+    model: &Model,
+    m: usize,
+) -> Result<Option<[Subbuffer<[u8]>; 2]>, VulkanError> {
+    let c = &model.cfg;
+    if c.num_experts == 0 {
+        return Ok(None);
+    }
+    let max_union = c.num_experts.min(m * c.num_experts_per_tok.max(1));
+    let n = (max_union as u64 * model.vault.expert_layout().blob_stride).max(4);
+    let slot = || device_buffer::<u8>(ctx, n, BufferUsage::STORAGE_BUFFER);
+    Ok(Some([slot()?, slot()?]))
+}
+
 impl Runner {
     /// Uploads the resident weights of `model` and sizes everything for `max_rows`.
     pub fn new(
@@ -196,11 +236,13 @@ impl Runner {
             return Err(VulkanError::Unsupported(format!("head_dim {} > 512", c.head_dim)));
         }
         let m = max_rows.max(1);
-        let kernels = Arc::new(Kernels::new(&ctx.device)?);
+        let kernels = Arc::new(Kernels::new(&ctx.device, MatmulTuning::default())?);
         let r = Regions::new(&model, m)?;
         let act = device_buffer::<f32>(&ctx, r.len as u64, BufferUsage::STORAGE_BUFFER)?;
         let k = c.num_experts_per_tok.max(1);
-        let route_buf = host_buffer::<u32>(&ctx, (2 * m * k) as u64, BufferUsage::STORAGE_BUFFER)?;
+        // Pair lists, routing weights and the expert table (3 words per union expert).
+        let route_len = 2 * m * k + 3 * c.num_experts.min(m * k);
+        let route_buf = host_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
         let io_len = m * c.hidden_size + m * c.num_experts + c.vocab_size;
         let io = host_buffer::<f32>(&ctx, io_len as u64, BufferUsage::empty())?;
         let act_set = DescriptorSet::new(
@@ -262,16 +304,14 @@ impl Runner {
         let rope_cos = upload_f32(&ctx, &model.rope.cos)?;
         let rope_sin = upload_f32(&ctx, &model.rope.sin)?;
         let layout = *model.vault.expert_layout();
-        let max_union = c.num_experts.min(m * k);
-        let stage = if !ctx.info.unified_memory && c.num_experts > 0 {
-            let n = (max_union as u64 * layout.blob_stride).max(4);
-            Some([
-                device_buffer::<u8>(&ctx, n, BufferUsage::STORAGE_BUFFER)?,
-                device_buffer::<u8>(&ctx, n, BufferUsage::STORAGE_BUFFER)?,
-            ])
-        } else {
-            None
-        };
+        let window = ctx.info.max_storage_buffer_range / 2 / 256 * 256;
+        if layout.blob_stride > window {
+            return Err(VulkanError::Unsupported(format!(
+                "an expert blob of {} bytes exceeds half the device's storage-buffer range ({} bytes)",
+                layout.blob_stride, ctx.info.max_storage_buffer_range
+            )));
+        }
+        let stage = if !ctx.info.unified_memory { layer_slots(&ctx, &model, m)? } else { None };
         let routing = Router::spawn(Arc::clone(&model), Arc::clone(&experts))
             .map_err(|e| VulkanError::Vulkan(format!("starting the router thread: {e}")))?;
         Ok(Runner {
@@ -287,7 +327,12 @@ impl Runner {
             lm_head,
             rope_cos,
             rope_sin,
-            blob_sets: HashMap::new(),
+            window_sets: HashMap::new(),
+            window,
+            tab_off: 2 * m * k,
+            pending: None,
+            held_from: 0,
+            stage_batch: c.num_experts.min(m * k).div_ceil(4).clamp(1, STAGE_BATCH),
             fallback: None,
             stage,
             path: if ctx.info.unified_memory { ExpertPath::ZeroCopy } else { DISCRETE_DEFAULT },
@@ -304,6 +349,16 @@ impl Runner {
             experts,
             arenas,
         })
+    }
+
+    /// Picks the expert path; a staged path on a device without separate device memory
+    /// (where the default reads ring slots in place) allocates the layer slots first.
+    pub fn set_path(&mut self, path: ExpertPath) -> Result<(), VulkanError> {
+        if path != ExpertPath::ZeroCopy && self.stage.is_none() {
+            self.stage = layer_slots(&self.ctx, &self.model, self.max_rows)?;
+        }
+        self.path = path;
+        Ok(())
     }
 
     /// A KV cache for this model on the device.
@@ -337,28 +392,43 @@ impl Runner {
         Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone())
     }
 
+    /// Submits `rec` after the work still in flight and, where given, after `transfer`
+    /// (a staging upload, on the transfer queue where the device has one: it waits for
+    /// nothing else, so it overlaps the work in flight, and `rec` waits for it through a
+    /// semaphore). With `wait` the host waits for everything; otherwise the submission
+    /// stays in flight and the next one is ordered after it by a semaphore.
     fn submit(
-        &self,
+        &mut self,
         rec: Recorder,
         transfer: Option<Arc<PrimaryAutoCommandBuffer>>,
+        wait: bool,
     ) -> Result<(), VulkanError> {
         let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
         let e = verr("running a layer step");
-        let start = vulkano::sync::now(self.ctx.device.clone()).boxed();
+        let now = || vulkano::sync::now(self.ctx.device.clone()).boxed();
+        let start = self.pending.take().unwrap_or_else(now);
         let start = match (transfer, &self.ctx.transfer) {
             (Some(t), Some(q)) => {
-                start.then_execute(q.clone(), t).map_err(&e)?.then_signal_semaphore().boxed()
+                let upload = now()
+                    .then_execute(q.clone(), t)
+                    .map_err(&e)?
+                    .then_signal_semaphore_and_flush()
+                    .map_err(verr("submitting a staging upload"))?;
+                start.join(upload).boxed()
             }
             (Some(t), None) => start.then_execute(self.ctx.compute.clone(), t).map_err(&e)?.boxed(),
             (None, _) => start,
         };
-        start
-            .then_execute(self.ctx.compute.clone(), cb)
-            .map_err(&e)?
-            .then_signal_fence_and_flush()
-            .map_err(verr("submitting a layer step"))?
-            .wait(None)
-            .map_err(verr("waiting for a layer step"))?;
+        let run = start.then_execute(self.ctx.compute.clone(), cb).map_err(&e)?;
+        if wait {
+            run.then_signal_fence_and_flush()
+                .map_err(verr("submitting a layer step"))?
+                .wait(None)
+                .map_err(verr("waiting for a layer step"))?;
+        } else {
+            let f = run.then_signal_semaphore_and_flush().map_err(verr("submitting a layer step"))?;
+            self.pending = Some(f.boxed());
+        }
         Ok(())
     }
 
@@ -461,19 +531,27 @@ impl Runner {
         self.project(rec, down, a, m > 1)
     }
 
-    /// Descriptor sets (down, gate/up) binding one blob.
-    fn blob_sets(
+    /// Descriptor sets (down, gate/up) binding the window of `blob`'s buffer that starts
+    /// at `start` and spans `len` bytes (or to the buffer's end). A buffer's windows all
+    /// have one length (the storage-buffer range for ring slots, [`Runner::stage_window`]
+    /// for layer slots), so (buffer, start) names one.
+    fn window_sets(
         &mut self,
         blob: &Subbuffer<[u8]>,
+        start: u64,
+        len: u64,
     ) -> Result<(Arc<DescriptorSet>, Arc<DescriptorSet>), VulkanError> {
-        let key = (Arc::as_ptr(blob.buffer()) as usize, blob.offset());
-        if let Some(s) = self.blob_sets.get(&key) {
+        let key = (Arc::as_ptr(blob.buffer()) as usize, start);
+        if let Some(s) = self.window_sets.get(&key) {
             return Ok(s.clone());
         }
+        let whole = Subbuffer::from(blob.buffer().clone());
+        let end = (start + len).min(whole.len()) / 4 * 4;
+        let win = whole.slice(start..end);
         let t = super::record::typed(&self.kernels, self.model.vault.expert_layout().dtype);
-        let down = set0(&self.ctx, &t.matvec, std::slice::from_ref(blob))?;
-        let gu = set0(&self.ctx, &t.gate_up, &[blob.clone(), blob.clone()])?;
-        self.blob_sets.insert(key, (down.clone(), gu.clone()));
+        let down = set0(&self.ctx, &t.matvec, std::slice::from_ref(&win))?;
+        let gu = set0(&self.ctx, &t.gate_up, &[win.clone(), win])?;
+        self.window_sets.insert(key, (down.clone(), gu.clone()));
         Ok((down, gu))
     }
 
@@ -543,7 +621,7 @@ impl Runner {
                 LayerFfn::Dense { .. } => self.dense_ffn(&mut rec, l, m)?,
                 LayerFfn::Moe { .. } => {
                     self.router(&mut rec, l, m)?;
-                    self.submit(rec, transfer.take())?;
+                    self.submit(rec, transfer.take(), true)?;
                     (rec, transfer) = self.moe_experts(l, start, m)?;
                 }
             }
@@ -566,7 +644,7 @@ impl Runner {
             let io0 = (m * h + m * c.num_experts) as u64;
             rec.copy(self.act.clone().slice(lo..lo + v), self.io.clone().slice(io0..io0 + v))?;
         }
-        self.submit(rec, transfer.take())?;
+        self.submit(rec, transfer.take(), true)?;
         self.handles.clear();
         if want_logits {
             let io = self.io.read().map_err(verr("reading logits"))?;
@@ -650,6 +728,11 @@ impl Runner {
         let announced = job.announced();
         let union = job.union().to_vec();
         self.handles.clear();
+        self.held_from = 0;
+        let staged = self.staged(m);
+        if staged {
+            self.write_stage_table(&segs)?;
+        }
         // Expert work is recorded in batches of at most `hold_limit` held blobs: when the
         // ring could not take another claim while all our handles are alive, the batch
         // so far is run and its handles dropped first.
@@ -658,8 +741,16 @@ impl Runner {
         for (ui, &e) in union.iter().enumerate() {
             if ui >= announced && self.handles.len() >= self.hold_limit {
                 let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
-                self.submit(rec, transfer)?;
+                self.submit(rec, transfer, true)?;
                 self.handles.clear();
+                self.held_from = ui;
+                rec = self.recorder()?;
+                batch = ui;
+            } else if staged && ui > batch && ui % self.stage_batch == 0 {
+                // Staged: this batch's upload and kernels go now, overlapping the next
+                // batch's claims and upload.
+                let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
+                self.submit(rec, transfer, false)?;
                 rec = self.recorder()?;
                 batch = ui;
             }
@@ -675,6 +766,9 @@ impl Runner {
                     if let Some(job) = self.job.as_ref() {
                         job.withdraw_after(ui, self.experts.as_ref());
                     }
+                    // Dropping the staged batches in flight waits for them, so no upload
+                    // still reads a slot whose handle goes now.
+                    self.pending = None;
                     self.handles.clear();
                     return Err(ForwardError::Vault(err).into());
                 }
@@ -694,6 +788,36 @@ impl Runner {
 }
 
 impl Runner {
+    /// Whether a block of `m` tokens copies its experts into a layer slot.
+    fn staged(&self, m: usize) -> bool {
+        self.stage.is_some()
+            && match self.path {
+                ExpertPath::ZeroCopy => false,
+                ExpertPath::StagedPrefill => m > 1,
+                ExpertPath::Staged => true,
+            }
+    }
+
+    /// Bytes of a layer slot one staged batch's kernels bind.
+    fn stage_window(&self) -> u64 {
+        self.stage_batch as u64 * self.model.vault.expert_layout().blob_stride
+    }
+
+    /// Writes the expert table of a staged layer before its first batch runs (the
+    /// routing buffer cannot be written while batches read it): union position u's blob
+    /// lies at u · blob_stride in the layer slot, inside the window of its batch.
+    fn write_stage_table(&mut self, segs: &[(usize, usize)]) -> Result<(), VulkanError> {
+        let layout = *self.model.vault.expert_layout();
+        let (gran, ds) = (self.stage_window(), layout.dtype.size() as u64);
+        let mut rb = self.route_buf.write().map_err(verr("writing the expert table"))?;
+        for (u, &(s, n)) in segs.iter().enumerate() {
+            let off = u as u64 * layout.blob_stride;
+            let t = self.tab_off + 3 * u;
+            rb[t..t + 3].copy_from_slice(&[((off - off / gran * gran) / ds) as u32, s as u32, n as u32]);
+        }
+        Ok(())
+    }
+
     /// Records the kernels of the held blobs (union indices `first..`, in `self.handles`)
     /// into `rec`; with staging, also records their upload into the layer slot and
     /// returns it (to run before `rec`).
@@ -708,16 +832,11 @@ impl Runner {
         let model = self.model.clone();
         let c = &model.cfg;
         let layout = *model.vault.expert_layout();
-        let staged = self.stage.is_some()
-            && match self.path {
-                ExpertPath::ZeroCopy => false,
-                ExpertPath::StagedPrefill => m > 1,
-                ExpertPath::Staged => true,
-            };
+        let staged = self.staged(m);
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let handles = std::mem::take(&mut self.handles);
-        let mut sets = Vec::with_capacity(handles.len());
-        for (i, hnd) in handles.iter().enumerate() {
+        let mut blobs = Vec::with_capacity(handles.len());
+        for (i, hnd) in handles[first - self.held_from..].iter().enumerate() {
             let ui = first + i;
             let src = self.blob_buffer(ui, &hnd[..])?;
             let blob = if staged {
@@ -744,45 +863,74 @@ impl Runner {
             } else {
                 src
             };
-            sets.push(self.blob_sets(&blob)?);
+            blobs.push(blob);
         }
         self.handles = handles;
+        // One gate/up and one down dispatch per bound window, over the table entries of
+        // its experts (union positions first.., grouped by window; staged windows follow
+        // union order, and their table is already written).
+        let gran = if staged { self.stage_window() } else { self.window };
+        let mut order: Vec<(usize, u64, usize)> = blobs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (Arc::as_ptr(b.buffer()) as usize, b.offset() / gran * gran, i))
+            .collect();
+        order.sort_unstable();
+        let ds = layout.dtype.size() as u64;
+        if !staged {
+            let mut rb = self.route_buf.write().map_err(verr("writing the expert table"))?;
+            for (pos, &(_, start, i)) in order.iter().enumerate() {
+                let (s, n) = segs[first + i];
+                let t = self.tab_off + 3 * (first + pos);
+                rb[t..t + 3].copy_from_slice(&[
+                    ((blobs[i].offset() - start) / ds) as u32,
+                    s as u32,
+                    n as u32,
+                ]);
+            }
+        }
         let r = self.r;
         let (hu, ku) = (c.hidden_size as u32, c.num_experts_per_tok as u32);
         let inter = c.moe_intermediate_size as u32;
-        let ds = layout.dtype.size() as u64;
         let off = |p: &PartLayout| (p.offset / ds) as u32;
-        for (&(s, n), (down, gu)) in segs[first..].iter().zip(&sets) {
-            let (s, n) = (s as u32, n as u32);
-            let a = MatmulArgs {
+        let mut a = 0;
+        while a < order.len() {
+            let (buf, start, i0) = order[a];
+            let b = a + order[a..].iter().take_while(|o| (o.0, o.1) == (buf, start)).count();
+            let len = if staged { gran } else { self.ctx.info.max_storage_buffer_range };
+            let (down, gu) = self.window_sets(&blobs[i0], start, len)?;
+            // Results do not depend on the kernel (identity), so any multi-token expert
+            // picks the batched one for the whole group.
+            let batched = order[a..b].iter().any(|o| segs[first + o.2].1 > 1);
+            let g = MatmulArgs {
                 rows: inter,
                 cols: hu,
-                m: n,
                 w_off: off(&layout.gate),
                 w2_off: off(&layout.up),
                 x_off: r.xn,
                 x_stride: hu,
-                out_off: r.hidden + s * inter,
+                out_off: r.hidden,
                 out_stride: inter,
-                map_off: s,
                 map_div: ku,
-                flags: FLAG_GATHER,
+                flags: FLAG_GATHER | FLAG_TABLE,
+                tab_off: (self.tab_off + 3 * (first + a)) as u32,
+                groups: (b - a) as u32,
+                ..Default::default()
             };
-            rec.gate_up(layout.dtype, n > 1, gu.clone(), a)?;
-            let a = MatmulArgs {
+            rec.gate_up(layout.dtype, batched, gu, g)?;
+            let d = MatmulArgs {
                 rows: hu,
                 cols: inter,
-                m: n,
                 w_off: off(&layout.down),
-                x_off: r.hidden + s * inter,
+                x_off: r.hidden,
                 x_stride: inter,
                 out_off: r.yk,
                 out_stride: hu,
-                map_off: s,
-                flags: FLAG_SCATTER,
-                ..Default::default()
+                flags: FLAG_SCATTER | FLAG_TABLE,
+                ..g
             };
-            rec.matmul(layout.dtype, n > 1, down.clone(), a)?;
+            rec.matmul(layout.dtype, batched, down, d)?;
+            a = b;
         }
         match transfer {
             Some(t) => Ok(Some(t.build().map_err(verr("recording a staging upload"))?)),

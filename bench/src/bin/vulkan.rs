@@ -1,10 +1,12 @@
 //! Vulkan backend measurements.
 //!
 //! `vulkan kernels [DEVICE]`: per-kernel figures at Qwen3-30B-A3B shapes (hidden 2048,
-//! expert intermediate 768): achieved GB/s of the m=1 expert FFN (gate/up + SiLU, down)
-//! and of the m=1 dense matvec, with weights in device-local memory and in host-visible
-//! memory (where ring slots live), and GFLOP/s of the batched expert FFN at 64 tokens.
-//! Many distinct weight sets are cycled so the L2 cache does not hold them.
+//! expert intermediate 768, 8 experts per token) for each matmul tuning in `TUNINGS`:
+//! achieved GB/s of the m=1 expert FFN (a token's 8 experts in one gate/up + SiLU and one
+//! down dispatch, as the executor records them) and of the m=1 dense matvec, with
+//! weights in device-local memory and (first tuning) in host-visible memory where ring
+//! slots live, and GFLOP/s of the batched expert FFN at 64 tokens per expert. Enough
+//! distinct weights are cycled that the L2 cache does not hold them.
 //!
 //! `vulkan diag VAULT [DEVICE]`: which ring sizes, block sizes and expert paths
 //! reproduce token-serial logits bit for bit, and the CPU backend's distance.
@@ -23,7 +25,9 @@ use smoe_actors::engine::{Engine, EngineOptions, RingSize};
 use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::tensor::{WeightData, WeightView};
-use smoe_actors::vulkan::harness::{DescriptorSet, KernelHarness, MatmulArgs, TestWeight};
+use smoe_actors::vulkan::harness::{
+    DescriptorSet, KernelHarness, MatmulArgs, MatmulTuning, TestWeight, FLAG_GATHER, FLAG_TABLE,
+};
 use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanForward};
 
 /// Cheap deterministic pseudo-random weights in [-0.05, 0.05).
@@ -43,7 +47,9 @@ fn bf16(v: &[f32]) -> Vec<u16> {
     v.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
 }
 
-struct Expert {
+/// Stacked expert weights: gate, up ((n·inter) × hid) and down ((n·hid) × inter)
+/// matrices, expert e at element offset e·inter·hid of each, bound once.
+struct Stack {
     gate: TestWeight,
     pair: Arc<DescriptorSet>,
     down: TestWeight,
@@ -56,136 +62,162 @@ fn upload(h: &KernelHarness, rows: usize, cols: usize, seed: u64, is_bf16: bool,
     h.weight(&WeightView { data, rows, cols }, host).expect("upload")
 }
 
-/// Times `reps` rounds of `record` after one warm-up round; returns seconds per round.
-fn time(h: &KernelHarness, reps: usize, mut record: impl FnMut(&KernelHarness) -> Duration) -> f64 {
-    let _ = h;
-    record(h);
-    let mut best = f64::MAX;
-    for _ in 0..reps {
-        best = best.min(record(h).as_secs_f64());
-    }
-    best
+/// Seconds per round of `run(rounds)` (which records `rounds` rounds into one command
+/// buffer and times it): enough rounds that one submission takes about 30 ms (so the
+/// submission and fence overhead is small), best of five after a warm-up.
+fn time(mut run: impl FnMut(usize) -> Duration) -> f64 {
+    let one = run(1).as_secs_f64();
+    let rounds = ((0.03 / one).ceil() as usize).clamp(1, 2000);
+    run(rounds);
+    (0..5).map(|_| run(rounds).as_secs_f64()).fold(f64::MAX, f64::min) / rounds as f64
 }
+
+/// Prints one figure: `bytes` moved in `secs`.
+fn report(what: &str, secs: f64, bytes: f64) {
+    println!(
+        "{what}: {:.1} us, {:.0} GB/s ({:.1}% of 4.8 TB/s)",
+        secs * 1e6,
+        bytes / secs / 1e9,
+        bytes / secs / 4.8e12 * 100.0
+    );
+}
+
+/// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll).
+const TUNINGS: &[(u32, u32, u32)] = &[(32, 4, 2), (32, 2, 4), (32, 4, 4), (32, 2, 2)];
 
 fn kernels(device: usize) {
     let ctx = VulkanContext::new(device).expect("device");
-    println!("device: {} ({}, Vulkan {})", ctx.info.name, ctx.info.driver, ctx.info.api_version);
-    let (hid, inter, n_exp, tokens) = (2048usize, 768usize, 24usize, 64usize);
-    let h = KernelHarness::new(ctx.clone(), 16 << 20, 4096).expect("harness");
-    let xs = fill(tokens * hid, 99);
-    h.write_act(0, &xs).expect("x");
-    let (x_off, hid_off, y_off) = (0u32, (tokens * hid) as u32, (tokens * hid + tokens * inter) as u32);
-    for is_bf16 in [true, false] {
-        let dsz = if is_bf16 { 2 } else { 4 };
-        let name = if is_bf16 { "bf16" } else { "f32" };
-        for host in [false, true] {
-            let place = if host { "host-visible (ring slot, zero-copy)" } else { "device-local" };
-            let experts: Vec<Expert> = (0..n_exp)
-                .map(|e| {
-                    let gate = upload(&h, inter, hid, 3 * e as u64, is_bf16, host);
-                    let up = upload(&h, inter, hid, 3 * e as u64 + 1, is_bf16, host);
-                    let down = upload(&h, hid, inter, 3 * e as u64 + 2, is_bf16, host);
+    println!(
+        "device: {} ({}, Vulkan {}, subgroup {:?})",
+        ctx.info.name, ctx.info.driver, ctx.info.api_version, ctx.info.subgroup_size
+    );
+    // Qwen3-30B-A3B: hidden 2048, expert intermediate 768, 8 experts per token; 48
+    // experts (6 groups of 8) so the L2 does not hold the weights.
+    let (hid, inter, k, n_exp, tokens) = (2048usize, 768usize, 8usize, 48usize, 64usize);
+    for &(lanes, rows_m1, unroll) in TUNINGS {
+        let tuning = MatmulTuning { lanes, rows_m1, unroll };
+        println!("== tuning {tuning:?}");
+        let h = KernelHarness::with_tuning(ctx.clone(), 16 << 20, 1 << 16, tuning).expect("harness");
+        let xs = fill(tokens * hid, 99);
+        h.write_act(0, &xs).expect("x");
+        let (x_off, hid_off) = (0u32, (tokens * hid) as u32);
+        let y_off = hid_off + (n_exp * tokens * inter) as u32;
+        for is_bf16 in [true, false] {
+            let dsz = if is_bf16 { 2 } else { 4 };
+            let name = if is_bf16 { "bf16" } else { "f32" };
+            for host in [false, true] {
+                if host && (lanes, rows_m1, unroll) != TUNINGS[0] {
+                    continue;
+                }
+                let place = if host { "host-visible (ring slot, zero-copy)" } else { "device-local" };
+                let st = {
+                    let gate = upload(&h, n_exp * inter, hid, 1, is_bf16, host);
+                    let up = upload(&h, n_exp * inter, hid, 2, is_bf16, host);
+                    let down = upload(&h, n_exp * hid, inter, 3, is_bf16, host);
                     let pair = h.pair(&gate, &up).expect("pair");
-                    Expert { gate, pair, down }
-                })
-                .collect();
-            let bytes = (3 * hid * inter * dsz) as f64;
-            for (m, batched) in [(1usize, false), (tokens, true)] {
-                let gu = MatmulArgs {
-                    m: m as u32,
+                    Stack { gate, pair, down }
+                };
+                let bytes = (3 * hid * inter * dsz) as f64;
+                for m in [1usize, tokens] {
+                    // Table: expert e holds pairs e·m .. e·m + m - 1 (token = pair % m).
+                    let tab = 1 << 14;
+                    let mut route: Vec<u32> = (0..(n_exp * m) as u32).map(|p| p % m as u32).collect();
+                    route.resize(tab, 0);
+                    for e in 0..n_exp {
+                        route.extend([(e * inter * hid) as u32, (e * m) as u32, m as u32]);
+                    }
+                    h.write_route(&route).expect("route");
+                    let gu = MatmulArgs {
+                        rows: inter as u32,
+                        cols: hid as u32,
+                        x_off,
+                        x_stride: hid as u32,
+                        out_off: hid_off,
+                        out_stride: inter as u32,
+                        map_div: 1,
+                        flags: FLAG_GATHER | FLAG_TABLE,
+                        groups: k as u32,
+                        ..Default::default()
+                    };
+                    let dn = MatmulArgs {
+                        rows: hid as u32,
+                        cols: inter as u32,
+                        x_off: hid_off,
+                        x_stride: inter as u32,
+                        out_off: y_off,
+                        out_stride: hid as u32,
+                        flags: FLAG_TABLE,
+                        groups: k as u32,
+                        ..Default::default()
+                    };
+                    let secs = time(|rounds| {
+                        h.run(
+                            |r| {
+                                for g in 0..n_exp / k {
+                                    let tab_off = (tab + 3 * k * g) as u32;
+                                    r.gate_up(
+                                        st.gate.dtype,
+                                        m > 1,
+                                        st.pair.clone(),
+                                        MatmulArgs { tab_off, ..gu },
+                                    )?;
+                                    r.matmul(
+                                        st.down.dtype,
+                                        m > 1,
+                                        st.down.set(),
+                                        MatmulArgs { tab_off, ..dn },
+                                    )?;
+                                }
+                                Ok(())
+                            },
+                            rounds,
+                        )
+                        .expect("run")
+                    }) / (n_exp / k) as f64;
+                    if m == 1 {
+                        report(
+                            &format!("expert FFN m=1 {name} {place}, {k} experts fused"),
+                            secs,
+                            k as f64 * bytes,
+                        );
+                    } else {
+                        let flops = 2.0 * (k * m) as f64 * 3.0 * (hid * inter) as f64;
+                        println!(
+                            "expert FFN m={m} {name} {place}, {k} experts fused: {:.1} us, {:.0} GFLOP/s",
+                            secs * 1e6,
+                            flops / secs / 1e9
+                        );
+                    }
+                }
+            }
+            // Dense m=1 matvec at the q_proj shape (4096 x 2048) and the LM head (151936 x 2048).
+            for (rows, n) in [(4096usize, 16usize), (151936, 1)] {
+                let ws: Vec<TestWeight> =
+                    (0..n).map(|i| upload(&h, rows, hid, 1000 + i as u64, is_bf16, false)).collect();
+                let a = MatmulArgs {
+                    rows: rows as u32,
+                    cols: hid as u32,
+                    m: 1,
                     x_off,
                     x_stride: hid as u32,
-                    out_off: hid_off,
-                    out_stride: inter as u32,
-                    ..Default::default()
-                };
-                let dn = MatmulArgs {
-                    m: m as u32,
-                    x_off: hid_off,
-                    x_stride: inter as u32,
                     out_off: y_off,
-                    out_stride: hid as u32,
+                    out_stride: rows as u32,
                     ..Default::default()
                 };
-                let rounds = if host { 2 } else { 8 };
-                let secs = time(&h, 3, |h| {
+                let secs = time(|rounds| {
                     h.run(
                         |r| {
-                            for e in &experts {
-                                r.gate_up(
-                                    e.gate.dtype,
-                                    batched,
-                                    e.pair.clone(),
-                                    MatmulArgs { rows: inter as u32, cols: hid as u32, ..gu },
-                                )?;
-                                r.matmul(
-                                    e.down.dtype,
-                                    batched,
-                                    e.down.set(),
-                                    MatmulArgs { rows: hid as u32, cols: inter as u32, ..dn },
-                                )?;
+                            for w in &ws {
+                                r.matmul(w.dtype, false, w.set(), a)?;
                             }
                             Ok(())
                         },
                         rounds,
                     )
                     .expect("run")
-                }) / (rounds * n_exp) as f64;
-                if m == 1 {
-                    println!(
-                        "expert FFN m=1 {name} {place}: {:.1} us/expert, {:.0} GB/s ({:.1}% of 4.8 TB/s)",
-                        secs * 1e6,
-                        bytes / secs / 1e9,
-                        bytes / secs / 4.8e12 * 100.0
-                    );
-                } else {
-                    let flops = 2.0 * m as f64 * 3.0 * (hid * inter) as f64;
-                    println!(
-                        "expert FFN m={m} {name} {place}: {:.1} us/expert, {:.0} GFLOP/s, {:.0} GB/s of weights",
-                        secs * 1e6,
-                        flops / secs / 1e9,
-                        bytes / secs / 1e9
-                    );
-                }
+                }) / n as f64;
+                report(&format!("dense matvec m=1 {name} {rows}x{hid}"), secs, (rows * hid * dsz) as f64);
             }
-        }
-        // Dense m=1 matvec at the q_proj shape (4096 x 2048) and the LM head (151936 x 2048).
-        for (rows, n) in [(4096usize, 16usize), (151936, 1)] {
-            let ws: Vec<TestWeight> =
-                (0..n).map(|i| upload(&h, rows, hid, 1000 + i as u64, is_bf16, false)).collect();
-            let a = MatmulArgs {
-                m: 1,
-                x_off,
-                x_stride: hid as u32,
-                out_off: y_off,
-                out_stride: rows as u32,
-                ..Default::default()
-            };
-            let rounds = 4;
-            let secs = time(&h, 3, |h| {
-                h.run(
-                    |r| {
-                        for w in &ws {
-                            r.matmul(
-                                w.dtype,
-                                false,
-                                w.set(),
-                                MatmulArgs { rows: rows as u32, cols: hid as u32, ..a },
-                            )?;
-                        }
-                        Ok(())
-                    },
-                    rounds,
-                )
-                .expect("run")
-            }) / (rounds * n) as f64;
-            let bytes = (rows * hid * dsz) as f64;
-            println!(
-                "dense matvec m=1 {name} {rows}x{hid}: {:.1} us, {:.0} GB/s ({:.1}% of 4.8 TB/s)",
-                secs * 1e6,
-                bytes / secs / 1e9,
-                bytes / secs / 4.8e12 * 100.0
-            );
         }
     }
 }
