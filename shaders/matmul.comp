@@ -215,7 +215,8 @@ void main() {
 #define UNPACK                                                                           \
     unpack(wq[v * MAX_RPT + r], wv[r]);                                                  \
     GU(unpack(uq[v * MAX_RPT + r], uv[r]);)
-// x[t] elements e .. e + CHUNK - 1 of token i as xq[q / 4][q % 4].
+// Inputs e .. e + CHUNK - 1 of token i, element q in xq[q / 4][q % 4] (vec4 loads where
+// aligned, else one by one).
 #define TOKEN                                                                            \
     vec4 xq[CHUNK / 4u];                                                                 \
     if (xvec) {                                                                          \
