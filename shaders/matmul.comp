@@ -21,7 +21,6 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#extension GL_EXT_control_flow_attributes : require
 #define ACT_VEC4
 #include "common.glsl"
 #define ACT(i) act4[(i) >> 2][(i) & 3u]
@@ -48,15 +47,39 @@ layout(push_constant) uniform Params {
     uint tab_off;    // route_u offset of the expert table (FLAG_TABLE)
 } pc;
 
-#if TB > 1
-#define MAX_RPT 1u
-#else
-#define MAX_RPT 4u
-#endif
+// Hand-unrolled loops. A loop whose body indexes a register array (wrow, xb, wq, uq, wv,
+// uv, xq, acc) is written FOR_X(BODY): the preprocessor pastes BODY once per value of its
+// index x, each copy in its own scope where x is a `const uint`, so every array index is
+// a compile-time constant and the arrays can live in registers. No loop needs
+// [[unroll]]: spirv-opt's unrolled copies lose NoContraction (README.md, "Identity"),
+// while code pasted by the preprocessor is ordinary source that glslang decorates. A
+// BODY is an object-like macro defined next to its use (it may contain FOR_Y of another
+// index, and no top-level comma); GU(code) keeps code in the GATE_UP variants only. The
+// copies run in index order, so each accumulator sees the same sequence of adds as a
+// rolled loop would give it.
+#define FOR1(x, B) { const uint x = 0u; B }
+#define FOR2(x, B) FOR1(x, B) { const uint x = 1u; B }
+#define FOR4(x, B) FOR2(x, B) { const uint x = 2u; B } { const uint x = 3u; B }
+#define FOR8(x, B) FOR4(x, B) { const uint x = 4u; B } { const uint x = 5u; B } \
+                              { const uint x = 6u; B } { const uint x = 7u; B }
+
 #define MAX_UNROLL 8u
+#define FOR_V(B) FOR8(v, B) // chunk v < MAX_UNROLL of a lane's batch
+#if TB == 8
+#define MAX_RPT 1u
+#define FOR_R(B) FOR1(r, B) // row r < MAX_RPT of a lane group
+#define FOR_I(B) FOR8(i, B) // token i < TB of a pass
+#elif TB == 1
+#define MAX_RPT 4u
+#define FOR_R(B) FOR4(r, B)
+#define FOR_I(B) FOR1(i, B)
+#else
+#error TB must be 1 or 8
+#endif
 
 #ifdef BF16
 #define CHUNK 8u
+#define FOR_Q(B) FOR8(q, B) // element q < CHUNK of a chunk
 #define WVEC uvec4
 layout(set = 0, binding = 0) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 0) readonly buffer W4 { uvec4 w4[]; };
@@ -77,6 +100,7 @@ void unpack(uvec4 q, out float v[CHUNK]) {
 }
 #else
 #define CHUNK 4u
+#define FOR_Q(B) FOR4(q, B)
 #define WVEC vec4
 layout(set = 0, binding = 0) readonly buffer W { float w[]; };
 layout(set = 0, binding = 0) readonly buffer W4 { vec4 w4[]; };
@@ -94,13 +118,18 @@ void unpack(vec4 q, out float v[CHUNK]) {
 
 #ifdef GATE_UP
 #define NACC 2u
+#define FOR_K(B) FOR2(k, B) // gate (0) and up (1) accumulators
+#define GU(code) code
 #else
 #define NACC 1u
+#define FOR_K(B) FOR1(k, B)
+#define GU(code)
 #endif
 
-// Accumulator (gate/up k, row r, token i).
+// Accumulator (gate/up k, row r, token i); FOR_A visits every one as a.
 #define ACC(k, r, i) ((((k) * MAX_RPT) + (r)) * TB + (i))
 #define NA (NACC * MAX_RPT * TB)
+#define FOR_A(B) FOR_K(FOR_R(FOR_I({ const uint a = ACC(k, r, i); B })))
 shared float red[NA * WG_SIZE];
 
 uint x_row(uint p) {
@@ -138,159 +167,132 @@ void main() {
     uint nch = pc.cols / CHUNK;
     bool wvec = pc.cols % CHUNK == 0u && wo % CHUNK == 0u && uo % CHUNK == 0u;
     bool xvec = pc.x_off % 4u == 0u && pc.x_stride % 4u == 0u;
-    // Loops run to compile-time bounds, with the specialization constants as guards, so
-    // every array below has constant indices once unrolled. Only loops without float
-    // arithmetic carry [[unroll]]: spirv-opt's unrolled copies lose NoContraction (the
-    // driver may then fuse or reorder them), so the others are left to the driver.
+    // Loops over the specialization constants run to their compile-time bounds (FOR_X),
+    // with the constants as guards.
     uint wrow[MAX_RPT];
-    [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
-        wrow[r] = min(rowb + min(r, RPT - 1u), pc.rows - 1u) * pc.cols;
-    }
+#define WROW wrow[r] = min(rowb + min(r, RPT - 1u), pc.rows - 1u) * pc.cols;
+    FOR_R(WROW)
 
     for (uint t0 = 0u; t0 < n; t0 += TB) {
         precise float acc[NA];
-        [[unroll]] for (uint a = 0u; a < NA; a++) {
-            acc[a] = 0.0;
-        }
+#define ZERO acc[a] = 0.0;
+        FOR_A(ZERO)
         uint xb[TB];
-        [[unroll]] for (uint i = 0u; i < TB; i++) {
-            xb[i] = pc.x_off + x_row(p0 + min(t0 + i, n - 1u)) * pc.x_stride;
-        }
+#define XB xb[i] = pc.x_off + x_row(p0 + min(t0 + i, n - 1u)) * pc.x_stride;
+        FOR_I(XB)
         for (uint c0 = lane; c0 < nch; c0 += UNROLL * LANES) {
+            // Load chunk c0 + v * LANES of every row (the last chunk again past the end,
+            // unused) ...
             WVEC wq[MAX_UNROLL * MAX_RPT];
-#ifdef GATE_UP
-            WVEC uq[MAX_UNROLL * MAX_RPT];
-#endif
+            GU(WVEC uq[MAX_UNROLL * MAX_RPT];)
             if (wvec) {
-                [[unroll]] for (uint v = 0u; v < MAX_UNROLL; v++) {
-                    uint c = min(c0 + v * LANES, nch - 1u);
-                    [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
-                        if (v < UNROLL && r < RPT) {
-                            wq[v * MAX_RPT + r] = w4[(wo + wrow[r]) / CHUNK + c];
-#ifdef GATE_UP
-                            uq[v * MAX_RPT + r] = u4[(uo + wrow[r]) / CHUNK + c];
-#endif
-                        }
-                    }
-                }
+#define LOAD_VEC                                                                         \
+    if (v < UNROLL && r < RPT) {                                                         \
+        uint c = min(c0 + v * LANES, nch - 1u);                                          \
+        wq[v * MAX_RPT + r] = w4[(wo + wrow[r]) / CHUNK + c];                            \
+        GU(uq[v * MAX_RPT + r] = u4[(uo + wrow[r]) / CHUNK + c];)                        \
+    }
+                FOR_V(FOR_R(LOAD_VEC))
             } else {
-                [[unroll]] for (uint v = 0u; v < MAX_UNROLL; v++) {
-                    uint e = min(c0 + v * LANES, nch - 1u) * CHUNK;
-                    [[unroll]] for (uint r = 0u; r < MAX_RPT; r++) {
-                        if (v < UNROLL && r < RPT) {
-                            wq[v * MAX_RPT + r] = LOAD_SCALAR(WS, wo + wrow[r] + e);
-#ifdef GATE_UP
-                            uq[v * MAX_RPT + r] = LOAD_SCALAR(US, uo + wrow[r] + e);
-#endif
-                        }
-                    }
-                }
+#define LOAD_ANY                                                                         \
+    if (v < UNROLL && r < RPT) {                                                         \
+        uint e = min(c0 + v * LANES, nch - 1u) * CHUNK;                                  \
+        wq[v * MAX_RPT + r] = LOAD_SCALAR(WS, wo + wrow[r] + e);                         \
+        GU(uq[v * MAX_RPT + r] = LOAD_SCALAR(US, uo + wrow[r] + e);)                     \
+    }
+                FOR_V(FOR_R(LOAD_ANY))
             }
-            for (uint v = 0u; v < MAX_UNROLL; v++) {
-                uint e = (c0 + v * LANES) * CHUNK;
-                if (v < UNROLL && c0 + v * LANES < nch) {
-                    float wv[MAX_RPT][CHUNK];
-#ifdef GATE_UP
-                    float uv[MAX_RPT][CHUNK];
-#endif
-                    for (uint r = 0u; r < MAX_RPT; r++) {
-                        unpack(wq[v * MAX_RPT + r], wv[r]);
-#ifdef GATE_UP
-                        unpack(uq[v * MAX_RPT + r], uv[r]);
-#endif
-                    }
-                    for (uint i = 0u; i < TB; i++) {
-                        float xv[CHUNK];
-                        if (xvec) {
-                            for (uint q = 0u; q < CHUNK; q += 4u) {
-                                vec4 x4 = act4[(xb[i] + e + q) >> 2];
-                                xv[q] = x4.x; xv[q + 1u] = x4.y; xv[q + 2u] = x4.z; xv[q + 3u] = x4.w;
-                            }
-                        } else {
-                            for (uint q = 0u; q < CHUNK; q++) {
-                                xv[q] = ACT(xb[i] + e + q);
-                            }
-                        }
-                        for (uint r = 0u; r < MAX_RPT; r++) {
-                            if (r < RPT) {
-                                for (uint q = 0u; q < CHUNK; q++) {
-                                    acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + wv[r][q] * xv[q];
-#ifdef GATE_UP
-                                    acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xv[q];
-#endif
-                                }
-                            }
-                        }
-                    }
-                }
-            }
+            // ... then use them: chunk v, token i, row r, element q, in the order of
+            // common.glsl for each accumulator.
+#define CHUNK_STEP                                                                       \
+    if (v < UNROLL && c0 + v * LANES < nch) {                                            \
+        uint e = (c0 + v * LANES) * CHUNK;                                               \
+        float wv[MAX_RPT][CHUNK];                                                        \
+        GU(float uv[MAX_RPT][CHUNK];)                                                    \
+        FOR_R(UNPACK)                                                                    \
+        FOR_I(TOKEN)                                                                     \
+    }
+#define UNPACK                                                                           \
+    unpack(wq[v * MAX_RPT + r], wv[r]);                                                  \
+    GU(unpack(uq[v * MAX_RPT + r], uv[r]);)
+// Inputs e .. e + CHUNK - 1 of token i, element q in xq[q / 4][q % 4] (vec4 loads where
+// aligned, else one by one).
+#define TOKEN                                                                            \
+    vec4 xq[CHUNK / 4u];                                                                 \
+    if (xvec) {                                                                          \
+        FOR_Q(X_VEC)                                                                     \
+    } else {                                                                             \
+        FOR_Q(X_SCALAR)                                                                  \
+    }                                                                                    \
+    FOR_R(ROW)
+#define X_VEC                                                                            \
+    if (q % 4u == 0u) {                                                                  \
+        xq[q / 4u] = act4[(xb[i] + e + q) >> 2];                                         \
+    }
+#define X_SCALAR xq[q / 4u][q % 4u] = ACT(xb[i] + e + q);
+#define ROW                                                                              \
+    if (r < RPT) {                                                                       \
+        FOR_Q(MAC)                                                                       \
+    }
+#define MAC                                                                              \
+    acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + wv[r][q] * xq[q / 4u][q % 4u];             \
+    GU(acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xq[q / 4u][q % 4u];)
+            FOR_V(CHUNK_STEP)
         }
         if (lane == 0u) {
             for (uint e = nch * CHUNK; e < pc.cols; e++) {
-                for (uint r = 0u; r < MAX_RPT; r++) {
-                    if (r < RPT) {
-                        float we = WS(wo + wrow[r] + e);
-#ifdef GATE_UP
-                        float ue = US(uo + wrow[r] + e);
-#endif
-                        for (uint i = 0u; i < TB; i++) {
-                            float xe = ACT(xb[i] + e);
-                            acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + we * xe;
-#ifdef GATE_UP
-                            acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + ue * xe;
-#endif
-                        }
-                    }
-                }
+#define TAIL_ROW                                                                         \
+    if (r < RPT) {                                                                       \
+        float we = WS(wo + wrow[r] + e);                                                 \
+        GU(float ue = US(uo + wrow[r] + e);)                                             \
+        FOR_I(TAIL_MAC)                                                                  \
+    }
+#define TAIL_MAC                                                                         \
+    float xe = ACT(xb[i] + e);                                                           \
+    acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + we * xe;                                   \
+    GU(acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + ue * xe;)
+                FOR_R(TAIL_ROW)
             }
         }
         // The fixed tree of common.glsl: strides of at least the subgroup size through
         // shared memory, smaller ones by butterfly shuffles (the same sums in lane 0).
         uint s = LANES / 2u;
         if (gl_SubgroupSize < LANES) {
-            for (uint a = 0u; a < NA; a++) {
-                red[a * WG_SIZE + f] = acc[a];
-            }
+#define TO_SHARED red[a * WG_SIZE + f] = acc[a];
+            FOR_A(TO_SHARED)
             barrier();
             for (; s >= gl_SubgroupSize; s >>= 1u) {
                 if (lane < s) {
-                    for (uint a = 0u; a < NA; a++) {
-                        precise float t = red[a * WG_SIZE + f] + red[a * WG_SIZE + f + s];
-                        red[a * WG_SIZE + f] = t;
-                    }
+#define TREE_SHARED                                                                      \
+    precise float t = red[a * WG_SIZE + f] + red[a * WG_SIZE + f + s];                   \
+    red[a * WG_SIZE + f] = t;
+                    FOR_A(TREE_SHARED)
                 }
                 barrier();
             }
-            for (uint a = 0u; a < NA; a++) {
-                acc[a] = red[a * WG_SIZE + f];
-            }
+#define FROM_SHARED acc[a] = red[a * WG_SIZE + f];
+            FOR_A(FROM_SHARED)
             barrier();
         }
         for (; s > 0u; s >>= 1u) {
-            for (uint a = 0u; a < NA; a++) {
-                acc[a] = acc[a] + subgroupShuffleXor(acc[a], s);
-            }
+#define TREE_SHUFFLE acc[a] = acc[a] + subgroupShuffleXor(acc[a], s);
+            FOR_A(TREE_SHUFFLE)
         }
         if (lane == 0u) {
-            for (uint r = 0u; r < MAX_RPT; r++) {
-                uint row = rowb + r;
-                for (uint i = 0u; i < TB; i++) {
-                    if (r < RPT && row < pc.rows && t0 + i < n) {
-                        float val = acc[ACC(0u, r, i)];
-#ifdef GATE_UP
-                        precise float hv = silu(val) * acc[ACC(1u, r, i)];
-                        val = hv;
-#endif
-                        uint o = pc.out_off + out_row(p0 + t0 + i) * pc.out_stride + row;
-                        if ((pc.flags & FLAG_ACCUMULATE) != 0u) {
-                            precise float sum = ACT(o) + val;
-                            ACT(o) = sum;
-                        } else {
-                            ACT(o) = val;
-                        }
-                    }
-                }
-            }
+#define STORE                                                                            \
+    uint row = rowb + r;                                                                 \
+    if (r < RPT && row < pc.rows && t0 + i < n) {                                        \
+        float val = acc[ACC(0u, r, i)];                                                  \
+        GU(precise float hv = silu(val) * acc[ACC(1u, r, i)]; val = hv;)                 \
+        uint o = pc.out_off + out_row(p0 + t0 + i) * pc.out_stride + row;                \
+        if ((pc.flags & FLAG_ACCUMULATE) != 0u) {                                        \
+            precise float sum = ACT(o) + val;                                            \
+            ACT(o) = sum;                                                                \
+        } else {                                                                         \
+            ACT(o) = val;                                                                \
+        }                                                                                \
+    }
+            FOR_R(FOR_I(STORE))
         }
     }
 }

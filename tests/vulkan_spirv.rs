@@ -74,3 +74,35 @@ fn matmul_kernels_keep_no_contraction_on_every_float_op() {
     }
     assert_eq!(checked, 8);
 }
+
+/// The matmul kernels index their register arrays (weight chunks, inputs, accumulators)
+/// only with constants (`FOR_X` in `shaders/matmul.comp`), so spirv-opt turns them all
+/// into SSA values: a `Function`-storage variable left over would be dynamically
+/// indexed, which drivers place in (slow) local memory.
+#[test]
+fn matmul_kernels_keep_no_function_storage_variables() {
+    let spv = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/spv");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&spv).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if !["matvec", "matmul", "gate_up"].iter().any(|k| name.starts_with(k)) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let words: Vec<u32> =
+            bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+        let (mut i, mut local) = (5, 0);
+        while i < words.len() {
+            let (len, op) = ((words[i] >> 16) as usize, words[i] & 0xffff);
+            // OpVariable (59) result-type id storage-class, Function = 7.
+            if op == 59 && words[i + 3] == 7 {
+                local += 1;
+            }
+            i += len.max(1);
+        }
+        assert_eq!(local, 0, "{name}: {local} Function-storage variables");
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+}
