@@ -311,8 +311,11 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
 fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let Some(ctx) = vulkan::context() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(15);
-    let tunings =
-        [(1, 1), (4, 2), (3, 8), (2, 5)].map(|(rows_m1, unroll)| MatmulTuning { lanes: 32, rows_m1, unroll });
+    let tunings = [(1, 1), (2, 2), (4, 2), (3, 8), (2, 5)].map(|(rows_m1, unroll)| MatmulTuning {
+        lanes: 32,
+        rows_m1,
+        unroll,
+    });
     let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2)];
     let data: Vec<_> = shapes
         .iter()

@@ -37,8 +37,11 @@ pub struct MatmulTuning {
 }
 
 impl Default for MatmulTuning {
+    /// Two rows per lane group gave the fastest LM-head matvec of the H200 sweep and tied
+    /// on the other matvecs; the m=1 expert FFN was too noisy there to rank tunings
+    /// (`bench/results/vulkan-h200-kernels-2026-11-29c.txt`).
     fn default() -> Self {
-        MatmulTuning { lanes: 32, rows_m1: 4, unroll: 2 }
+        MatmulTuning { lanes: 32, rows_m1: 2, unroll: 2 }
     }
 }
 

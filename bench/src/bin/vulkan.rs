@@ -83,9 +83,9 @@ fn report(what: &str, secs: f64, bytes: f64) {
 }
 
 /// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll).
-const TUNINGS: &[(u32, u32, u32)] = &[(32, 4, 2), (32, 2, 4), (32, 4, 4), (32, 2, 2)];
+const TUNINGS: &[(u32, u32, u32)] = &[(32, 2, 2), (32, 1, 2), (32, 4, 2), (32, 2, 1)];
 
-fn kernels(device: usize) {
+fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
     let ctx = VulkanContext::new(device).expect("device");
     println!(
         "device: {} ({}, Vulkan {}, subgroup {:?})",
@@ -94,7 +94,7 @@ fn kernels(device: usize) {
     // Qwen3-30B-A3B: hidden 2048, expert intermediate 768, 8 experts per token; 48
     // experts (6 groups of 8) so the L2 does not hold the weights.
     let (hid, inter, k, n_exp, tokens) = (2048usize, 768usize, 8usize, 48usize, 64usize);
-    for &(lanes, rows_m1, unroll) in TUNINGS {
+    for &(lanes, rows_m1, unroll) in tunings {
         let tuning = MatmulTuning { lanes, rows_m1, unroll };
         println!("== tuning {tuning:?}");
         let h = KernelHarness::with_tuning(ctx.clone(), 16 << 20, 1 << 16, tuning).expect("harness");
@@ -393,12 +393,24 @@ fn diag(args: &[String]) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("kernels") => kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
+        Some("kernels") => {
+            // Optional tunings after the device: LANES,ROWS,UNROLL ...
+            let picked: Vec<(u32, u32, u32)> = args
+                .iter()
+                .skip(2)
+                .filter_map(|t| {
+                    let v: Vec<u32> = t.split(',').filter_map(|x| x.parse().ok()).collect();
+                    (v.len() == 3).then(|| (v[0], v[1], v[2]))
+                })
+                .collect();
+            let tunings = if picked.is_empty() { TUNINGS } else { &picked[..] };
+            kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings)
+        }
         Some("e2e") if args.len() >= 2 => e2e(&args[1..]),
         Some("diag") if args.len() >= 2 => diag(&args[1..]),
         _ => {
             eprintln!(
-                "usage: vulkan kernels [DEVICE] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
+                "usage: vulkan kernels [DEVICE] [LANES,ROWS,UNROLL ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
             );
             std::process::exit(2);
         }
