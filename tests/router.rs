@@ -1,7 +1,8 @@
 //! The router stage on a real fixture model: a block's routing does not depend on how
 //! many tokens are routed together, the union is in first-use order with each member's
 //! pairs in token order, announcements go out in union order and stop at the first
-//! refusal, and decode bets are the next gate ranks (blocks place none).
+//! refusal, and decode bets are the next gate ranks, placed only when the executor asks
+//! (blocks place none).
 
 mod common;
 
@@ -111,6 +112,9 @@ fn a_block_routes_exactly_as_its_tokens_one_by_one() {
     let want: Vec<ExpertKey> = block.union().iter().map(|&e| ExpertKey::new(layer, e as usize)).collect();
     assert_eq!(block_announced, &want[..]);
     assert_eq!(block.announced(), block.union().len());
+    drop(calls);
+    block.place_bets(source.as_ref());
+    let calls = source.calls.lock().unwrap();
     assert!(calls.bets.is_empty(), "bets were placed for a block: {:?}", calls.bets);
 }
 
@@ -146,6 +150,11 @@ fn announcing_stops_at_the_first_refusal_and_decode_bets_are_the_next_ranks() {
     let plain = route(&mut router, 0);
     let (deep, wide) = (route(&mut router, 3), route(&mut router, ne));
     assert_eq!(plain.topk_experts(), deep.topk_experts());
+    // Bets wait for the executor: routing alone queues none.
+    assert!(source.calls.lock().unwrap().bets.is_empty(), "routing placed bets before the claims");
+    for job in [&plain, &deep, &wide] {
+        job.place_bets(source.as_ref());
+    }
     let bets = source.calls.lock().unwrap().bets.clone();
     assert_eq!(bets.len(), 3 + (ne - k), "depth is capped at the experts beyond top-k");
     let ranks: Vec<u16> = bets[3..].iter().map(|key| key.expert).collect();

@@ -491,6 +491,7 @@ impl Forward {
                 *xv += a;
             }
         }
+        job.place_bets(self.experts.as_ref());
         self.union_sizes[l] = job.union().len();
         if m > 1 {
             metrics::histogram!("smoe_union_size").record(job.union().len() as f64);

@@ -2,8 +2,8 @@
 //! matvec (or the executor's device-computed gate logits), softmax, top-k in a defined
 //! order, the union of routed experts in first-use order, and each expert announced to
 //! the ring/streamer the moment it first enters the union, so its read starts while
-//! later tokens are still being routed. Single-token decode steps also queue gate ranks
-//! k+1..k+N as speculative bets.
+//! later tokens are still being routed. Single-token decode steps also pick gate ranks
+//! k+1..k+N as speculative bets, which the executor queues once its claims are done.
 //!
 //! The router is an actor on its own thread with a typed mailbox: the executor sends a
 //! [`RouteJob`] (moved, not copied) and receives it back holding the plan. It owns the
@@ -46,7 +46,7 @@ pub struct Router {
 }
 
 impl Router {
-    /// Starts a router for `model` that announces to and bets on `experts`.
+    /// Starts a router for `model` that announces to `experts`.
     pub fn spawn(model: Arc<Model>, experts: Arc<dyn ExpertSource>) -> std::io::Result<Router> {
         let (jobs, inbox) = flume::bounded::<Box<RouteJob>>(1);
         let (reply, plans) = flume::bounded(1);
@@ -99,7 +99,7 @@ fn run(model: &Model, experts: &dyn ExpertSource, job: &mut RouteJob) {
             }
         }
     }
-    job.finish(experts);
+    job.finish();
 }
 
 /// Receives from `rx`, polling for [`POLL`] before blocking.

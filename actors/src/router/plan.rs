@@ -77,8 +77,9 @@ impl RouteJob {
     }
 
     /// Sets the request: route `rows` tokens of decoder layer `layer` from `input`.
-    /// For a single token, `bets` more experts beyond top-k are ranked and queued as
-    /// speculative prefetches for the next token (0 disables; ignored for blocks).
+    /// For a single token, `bets` more experts beyond top-k are ranked as speculative
+    /// prefetches for the next token (see [`RouteJob::place_bets`]; 0 disables; ignored
+    /// for blocks).
     pub fn request(&mut self, layer: usize, rows: usize, input: GateInput, bets: usize) {
         assert!(rows > 0 && rows * self.k <= self.topk_e.len(), "routing {rows} rows exceeds the job's size");
         self.layer = layer;
@@ -138,6 +139,16 @@ impl RouteJob {
         self.rows
     }
 
+    /// Queues a decode step's bets — the token's gate ranks k+1..k+N (none for a block) —
+    /// as speculative prefetches for the next token. The executor calls this once it has
+    /// claimed the layer's experts, so bets never share the disk with this layer's demand
+    /// reads.
+    pub fn place_bets(&self, experts: &dyn ExpertSource) {
+        for &e in &self.ranked[self.k..self.k + self.bets] {
+            experts.prefetch(ExpertKey::new(self.layer, e as usize));
+        }
+    }
+
     /// What the router computes from this job's request.
     pub(super) fn input(&self) -> &GateInput {
         &self.input
@@ -183,8 +194,8 @@ impl RouteJob {
     }
 
     /// Groups the (token, rank) pairs by union member (a counting sort: each member's
-    /// pairs ascending) and queues the decode step's bets.
-    pub(super) fn finish(&mut self, experts: &dyn ExpertSource) {
+    /// pairs ascending).
+    pub(super) fn finish(&mut self) {
         let n = self.rows * self.k;
         for &e in &self.union {
             self.counts[e as usize] = 0;
@@ -205,9 +216,6 @@ impl RouteJob {
             let cur = &mut self.counts[e as usize];
             self.pairs[*cur as usize] = i as u32;
             *cur += 1;
-        }
-        for &e in &self.ranked[self.k..self.k + self.bets] {
-            experts.prefetch(ExpertKey::new(self.layer, e as usize));
         }
     }
 }

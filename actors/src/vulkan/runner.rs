@@ -779,6 +779,9 @@ impl Runner {
         let (hu, ku) = (h as u32, k as u32);
         let kacc = self.kernels.accumulate.clone();
         rec.dispatch(&kacc, None, [hu, ku, r.yk, r.x, (m * k) as u32], [hu.div_ceil(256), m as u32, 1])?;
+        if let Some(job) = self.job.as_ref() {
+            job.place_bets(self.experts.as_ref());
+        }
         self.union_sizes[l] = union.len();
         if m > 1 {
             metrics::histogram!("smoe_union_size").record(union.len() as f64);
