@@ -38,14 +38,11 @@ fn checked_in_spirv_matches_the_glsl_sources() {
     assert!(n > 0);
 }
 
-/// Every float add, subtract, multiply and divide of the matmul kernels carries
-/// NoContraction: without it a driver may fuse or reorder them, differently in the m=1
-/// and batched kernels (seen on NVIDIA when spirv-opt's loop unrolling dropped the
-/// decoration from unrolled copies).
-#[test]
-fn matmul_kernels_keep_no_contraction_on_every_float_op() {
+/// The matmul modules of `shaders/spv` (all 8 of them): name and instructions, each
+/// instruction as its words (the first holds the opcode in its low 16 bits).
+fn matmul_modules() -> Vec<(String, Vec<Vec<u32>>)> {
     let spv = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/spv");
-    let mut checked = 0;
+    let mut modules = Vec::new();
     for entry in std::fs::read_dir(&spv).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
@@ -55,24 +52,39 @@ fn matmul_kernels_keep_no_contraction_on_every_float_op() {
         let bytes = std::fs::read(&path).unwrap();
         let words: Vec<u32> =
             bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
-        let (mut precise, mut float_ops) = (std::collections::HashSet::new(), Vec::new());
+        let mut insts = Vec::new();
         let mut i = 5;
         while i < words.len() {
-            let (len, op) = ((words[i] >> 16) as usize, words[i] & 0xffff);
-            // OpDecorate id NoContraction (42); OpFAdd, OpFSub, OpFMul, OpFDiv.
-            if op == 71 && words[i + 2] == 42 {
-                precise.insert(words[i + 1]);
-            }
-            if [129, 131, 133, 136].contains(&op) {
-                float_ops.push(words[i + 2]);
-            }
-            i += len.max(1);
+            let len = ((words[i] >> 16) as usize).max(1);
+            insts.push(words[i..(i + len).min(words.len())].to_vec());
+            i += len;
         }
+        modules.push((name, insts));
+    }
+    assert_eq!(modules.len(), 8);
+    modules
+}
+
+/// The opcode of an instruction.
+fn op(inst: &[u32]) -> u32 {
+    inst[0] & 0xffff
+}
+
+/// Every float add, subtract, multiply and divide of the matmul kernels carries
+/// NoContraction: without it a driver may fuse or reorder them, differently in the m=1
+/// and batched kernels (seen on NVIDIA when spirv-opt's loop unrolling dropped the
+/// decoration from unrolled copies).
+#[test]
+fn matmul_kernels_keep_no_contraction_on_every_float_op() {
+    for (name, insts) in matmul_modules() {
+        // OpDecorate (71) id NoContraction (42); OpFAdd, OpFSub, OpFMul, OpFDiv.
+        let precise: std::collections::HashSet<u32> =
+            insts.iter().filter(|w| op(w) == 71 && w[2] == 42).map(|w| w[1]).collect();
+        let float_ops: Vec<u32> =
+            insts.iter().filter(|w| [129, 131, 133, 136].contains(&op(w))).map(|w| w[2]).collect();
         let loose = float_ops.iter().filter(|id| !precise.contains(id)).count();
         assert_eq!(loose, 0, "{name}: {loose} of {} float ops lack NoContraction", float_ops.len());
-        checked += 1;
     }
-    assert_eq!(checked, 8);
 }
 
 /// The matmul kernels index their register arrays (weight chunks, inputs, accumulators)
@@ -81,28 +93,9 @@ fn matmul_kernels_keep_no_contraction_on_every_float_op() {
 /// indexed, which drivers place in (slow) local memory.
 #[test]
 fn matmul_kernels_keep_no_function_storage_variables() {
-    let spv = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/spv");
-    let mut checked = 0;
-    for entry in std::fs::read_dir(&spv).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        if !["matvec", "matmul", "gate_up"].iter().any(|k| name.starts_with(k)) {
-            continue;
-        }
-        let bytes = std::fs::read(&path).unwrap();
-        let words: Vec<u32> =
-            bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
-        let (mut i, mut local) = (5, 0);
-        while i < words.len() {
-            let (len, op) = ((words[i] >> 16) as usize, words[i] & 0xffff);
-            // OpVariable (59) result-type id storage-class, Function = 7.
-            if op == 59 && words[i + 3] == 7 {
-                local += 1;
-            }
-            i += len.max(1);
-        }
+    for (name, insts) in matmul_modules() {
+        // OpVariable (59) result-type id storage-class, Function = 7.
+        let local = insts.iter().filter(|w| op(w) == 59 && w[3] == 7).count();
         assert_eq!(local, 0, "{name}: {local} Function-storage variables");
-        checked += 1;
     }
-    assert_eq!(checked, 8);
 }
