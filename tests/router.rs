@@ -56,9 +56,11 @@ fn model() -> (tempfile::TempDir, Arc<Model>) {
     (dir, Arc::new(Model::load(vault, 64).expect("model loads")))
 }
 
-fn job_for(model: &Model, rows: usize) -> Box<RouteJob> {
+/// A router for blocks of up to `rows` tokens of `model`, announcing to `source`.
+fn router_for(model: &Arc<Model>, rows: usize, source: &Arc<Recorder>) -> Router {
     let c = &model.cfg;
-    Box::new(RouteJob::new(rows, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.norm_topk_prob))
+    let job = RouteJob::new(rows, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.norm_topk_prob);
+    Router::spawn(model.clone(), source.clone(), job)
 }
 
 fn gate(model: &Model, layer: usize) -> GateInput {
@@ -77,18 +79,23 @@ fn a_block_routes_exactly_as_its_tokens_one_by_one() {
     let rows: Vec<f32> = (0..m * h).map(|_| rng.random_range(-2.0f32..2.0)).collect();
 
     let source = Recorder::new(usize::MAX);
-    let mut router = Router::spawn(model.clone(), source.clone()).unwrap();
-    let mut block = job_for(&model, m);
-    block.request(layer, m, gate(&model, layer), 4);
-    block.hidden_mut()[..m * h].copy_from_slice(&rows);
-    let block = router.route(block).unwrap();
+    let mut router = router_for(&model, m, &source);
+    let block = router
+        .route(|job| {
+            job.request(layer, m, gate(&model, layer), 4);
+            job.hidden_mut()[..m * h].copy_from_slice(&rows);
+        })
+        .unwrap();
 
     // The same tokens routed one at a time give bitwise the same experts and weights.
-    let mut single = job_for(&model, 1);
+    let mut singles = router_for(&model, 1, &source);
     for t in 0..m {
-        single.request(layer, 1, gate(&model, layer), 0);
-        single.hidden_mut()[..h].copy_from_slice(&rows[t * h..(t + 1) * h]);
-        single = router.route(single).unwrap();
+        let single = singles
+            .route(|job| {
+                job.request(layer, 1, gate(&model, layer), 0);
+                job.hidden_mut()[..h].copy_from_slice(&rows[t * h..(t + 1) * h]);
+            })
+            .unwrap();
         assert_eq!(single.topk_experts(), &block.topk_experts()[t * k..(t + 1) * k], "token {t}");
         let bits = |w: &[f32]| w.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(single.topk_weights()), bits(&block.topk_weights()[t * k..(t + 1) * k]), "token {t}");
@@ -126,11 +133,13 @@ fn announcing_stops_at_the_first_refusal_and_decode_bets_are_the_next_ranks() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
 
     let source = Recorder::new(2);
-    let mut router = Router::spawn(model.clone(), source.clone()).unwrap();
-    let mut job = job_for(&model, m);
-    job.request(layer, m, gate(&model, layer), 0);
-    job.hidden_mut()[..m * h].iter_mut().for_each(|x| *x = rng.random_range(-2.0f32..2.0));
-    let job = router.route(job).unwrap();
+    let mut router = router_for(&model, m, &source);
+    let job = router
+        .route(|job| {
+            job.request(layer, m, gate(&model, layer), 0);
+            job.hidden_mut()[..m * h].iter_mut().for_each(|x| *x = rng.random_range(-2.0f32..2.0));
+        })
+        .unwrap();
     assert!(job.union().len() > 3, "the block should touch several experts");
     assert_eq!(job.announced(), 2);
     // The refused third announcement is the last one made.
@@ -139,16 +148,17 @@ fn announcing_stops_at_the_first_refusal_and_decode_bets_are_the_next_ranks() {
     // A decode step with depth 3: top-k is unchanged by betting; the bets are the next
     // three ranks of the same gate logits, none of them routed.
     let source = Recorder::new(usize::MAX);
-    let mut router = Router::spawn(model.clone(), source.clone()).unwrap();
     let x: Vec<f32> = (0..h).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-    let route = |router: &mut Router, bets: usize| {
-        let mut job = job_for(&model, 1);
-        job.request(layer, 1, gate(&model, layer), bets);
-        job.hidden_mut()[..h].copy_from_slice(&x);
-        router.route(job).unwrap()
-    };
-    let plain = route(&mut router, 0);
-    let (deep, wide) = (route(&mut router, 3), route(&mut router, ne));
+    let mut routers: Vec<Router> = (0..3).map(|_| router_for(&model, 1, &source)).collect();
+    let mut jobs = routers.iter_mut().zip([0, 3, ne]).map(|(router, bets)| {
+        router
+            .route(|job| {
+                job.request(layer, 1, gate(&model, layer), bets);
+                job.hidden_mut()[..h].copy_from_slice(&x);
+            })
+            .unwrap()
+    });
+    let (plain, deep, wide) = (jobs.next().unwrap(), jobs.next().unwrap(), jobs.next().unwrap());
     assert_eq!(plain.topk_experts(), deep.topk_experts());
     // Bets wait for the executor: routing alone queues none.
     assert!(source.calls.lock().unwrap().bets.is_empty(), "routing placed bets before the claims");

@@ -170,10 +170,8 @@ pub struct Forward {
     tally: ClaimTally,
     trace: Option<Vec<ClaimEvent>>,
     spec_depth: usize,
-    /// The router stage, started with the pass (`None` once it has stopped).
-    router: Option<Router>,
-    /// The routing job, home between MoE layers.
-    job: Option<Box<RouteJob>>,
+    /// The router stage, started with the pass.
+    router: Router,
 }
 
 impl Forward {
@@ -183,9 +181,6 @@ impl Forward {
         let m = max_rows.max(1);
         let k = c.num_experts_per_tok.max(1);
         let inter = c.intermediate_size.max(c.moe_intermediate_size);
-        let router = Router::spawn(Arc::clone(&model), Arc::clone(&experts))
-            .map_err(|e| tracing::error!("starting the router thread: {e}"))
-            .ok();
         let s = Scratch {
             x: vec![0.0; m * c.hidden_size],
             xn: vec![0.0; m * c.hidden_size],
@@ -204,6 +199,7 @@ impl Forward {
         };
         let union_sizes = vec![0; c.num_hidden_layers];
         let job = RouteJob::new(m, c.hidden_size, c.num_experts, k, c.norm_topk_prob);
+        let router = Router::spawn(Arc::clone(&model), Arc::clone(&experts), job);
         Forward {
             model,
             experts,
@@ -214,7 +210,6 @@ impl Forward {
             trace: None,
             spec_depth: 0,
             router,
-            job: Some(Box::new(job)),
         }
     }
 
@@ -417,16 +412,15 @@ impl Forward {
         let (h, k) = (cfg.hidden_size, cfg.num_experts_per_tok);
         // The router computes the gate from the normalised rows: the plane moves to it
         // and back with the job, it is not copied.
-        let (Some(router), Some(mut job)) = (self.router.as_mut(), self.job.take()) else {
-            return Err(ForwardError::RouterStopped);
-        };
-        job.request(l, m, GateInput::Hidden(gate.clone()), self.spec_depth);
-        std::mem::swap(job.hidden_mut(), &mut self.s.xn);
-        let job = router.route(job).map_err(|_| {
-            self.router = None;
-            ForwardError::RouterStopped
-        })?;
-        let job = self.job.insert(job);
+        let spec_depth = self.spec_depth;
+        let xn = &mut self.s.xn;
+        let job = self
+            .router
+            .route(|job| {
+                job.request(l, m, GateInput::Hidden(gate.clone()), spec_depth);
+                std::mem::swap(job.hidden_mut(), xn);
+            })
+            .map_err(|_| ForwardError::RouterStopped)?;
         std::mem::swap(job.hidden_mut(), &mut self.s.xn);
         let s = &mut self.s;
         let layout = *model.vault.expert_layout();

@@ -38,16 +38,21 @@ const POLL: Duration = Duration::from_micros(50);
 #[error("the router stage stopped; restart the engine")]
 pub struct RouterStopped;
 
-/// A handle to one router thread, serving one executor.
+/// A handle to one router thread, serving one executor. It keeps the executor's routing
+/// job between layers; once the router has stopped (or never started), every call fails
+/// with [`RouterStopped`].
 pub struct Router {
     jobs: Option<flume::Sender<Box<RouteJob>>>,
-    plans: flume::Receiver<Box<RouteJob>>,
+    plans: Option<flume::Receiver<Box<RouteJob>>>,
     thread: Option<JoinHandle<()>>,
+    job: Option<Box<RouteJob>>,
 }
 
 impl Router {
-    /// Starts a router for `model` that announces to `experts`.
-    pub fn spawn(model: Arc<Model>, experts: Arc<dyn ExpertSource>) -> std::io::Result<Router> {
+    /// Starts a router for `model` that announces to `experts`, with `job` as the
+    /// executor's routing job. A thread that cannot start is logged, and the router is
+    /// stopped from the outset.
+    pub fn spawn(model: Arc<Model>, experts: Arc<dyn ExpertSource>, job: RouteJob) -> Router {
         let (jobs, inbox) = flume::bounded::<Box<RouteJob>>(1);
         let (reply, plans) = flume::bounded(1);
         let thread = std::thread::Builder::new().name("smoe-router".into()).spawn(move || {
@@ -57,14 +62,36 @@ impl Router {
                     break;
                 }
             }
-        })?;
-        Ok(Router { jobs: Some(jobs), plans, thread: Some(thread) })
+        });
+        let job = Some(Box::new(job));
+        match thread {
+            Ok(t) => Router { jobs: Some(jobs), plans: Some(plans), thread: Some(t), job },
+            Err(e) => {
+                tracing::error!("starting the router thread: {e}");
+                Router { jobs: None, plans: None, thread: None, job }
+            }
+        }
     }
 
-    /// Routes `job` (see [`RouteJob::request`]) and returns it holding the plan.
-    pub fn route(&mut self, job: Box<RouteJob>) -> Result<Box<RouteJob>, RouterStopped> {
-        self.jobs.as_ref().ok_or(RouterStopped)?.send(job).map_err(|_| RouterStopped)?;
-        recv_polling(&self.plans).map_err(|_| RouterStopped)
+    /// Routes the job after `fill` has set its request (see [`RouteJob::request`]) and
+    /// input; returns it holding the plan.
+    pub fn route(&mut self, fill: impl FnOnce(&mut RouteJob)) -> Result<&mut RouteJob, RouterStopped> {
+        let (Some(jobs), Some(plans), Some(mut job)) = (&self.jobs, &self.plans, self.job.take()) else {
+            return Err(RouterStopped);
+        };
+        fill(&mut job);
+        match jobs.send(job).ok().and_then(|()| recv_polling(plans).ok()) {
+            Some(job) => Ok(self.job.insert(job)),
+            None => {
+                self.jobs = None;
+                Err(RouterStopped)
+            }
+        }
+    }
+
+    /// The last routed job (`None` once the router has stopped).
+    pub fn job(&self) -> Option<&RouteJob> {
+        self.job.as_deref()
     }
 }
 

@@ -121,6 +121,18 @@ impl RouteJob {
         self.announced
     }
 
+    /// All token-major pair indices `t·k + r`, grouped by union member in union order
+    /// (see [`RouteJob::segments`]).
+    pub fn pairs(&self) -> &[u32] {
+        &self.pairs[..self.rows * self.k]
+    }
+
+    /// For each union member, where its pairs start in [`RouteJob::pairs`] and how many
+    /// there are.
+    pub fn segments(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.seg_start.windows(2).map(|w| (w[0] as usize, (w[1] - w[0]) as usize))
+    }
+
     /// The token-major pair indices `t·k + r` routed to union member `ui`, ascending.
     pub fn pairs_of(&self, ui: usize) -> &[u32] {
         &self.pairs[self.seg_start[ui] as usize..self.seg_start[ui + 1] as usize]

@@ -164,9 +164,7 @@ impl Recorder {
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        let t = typed(&self.kernels, dtype);
-        let k = if batched { t.matmul.clone() } else { t.matvec.clone() };
-        self.dispatch(&k, Some(set), a.words(), a.groups(&k))
+        self.dispatch_typed(dtype, set, a, |t| if batched { &t.matmul } else { &t.matvec })
     }
 
     /// The fused gate/up + SiLU product (`batched` or m=1 kernel).
@@ -177,8 +175,18 @@ impl Recorder {
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        let t = typed(&self.kernels, dtype);
-        let k = if batched { t.gate_up_batched.clone() } else { t.gate_up.clone() };
+        self.dispatch_typed(dtype, set, a, |t| if batched { &t.gate_up_batched } else { &t.gate_up })
+    }
+
+    /// The matmul-family kernel `pick` chooses for `dtype`, over the weights bound in `set`.
+    fn dispatch_typed(
+        &mut self,
+        dtype: DType,
+        set: Arc<DescriptorSet>,
+        a: MatmulArgs,
+        pick: impl Fn(&TypedKernels) -> &Kernel,
+    ) -> Result<(), VulkanError> {
+        let k = pick(typed(&self.kernels, dtype)).clone();
         self.dispatch(&k, Some(set), a.words(), a.groups(&k))
     }
 

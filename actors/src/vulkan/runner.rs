@@ -182,10 +182,8 @@ pub struct Runner {
     pub spec_depth: usize,
     /// Claim trace, when enabled.
     pub trace: Option<Vec<ClaimEvent>>,
-    /// The router stage (`None` once it has stopped).
-    routing: Option<Router>,
-    /// The routing job, home between MoE layers.
-    job: Option<Box<RouteJob>>,
+    /// The router stage.
+    router: Router,
     handles: Vec<ExpertHandle>,
     /// Most blobs held at once (the ring's slot count: holding more would wait forever).
     hold_limit: usize,
@@ -312,8 +310,8 @@ impl Runner {
             )));
         }
         let stage = if !ctx.info.unified_memory { layer_slots(&ctx, &model, m)? } else { None };
-        let routing = Router::spawn(Arc::clone(&model), Arc::clone(&experts))
-            .map_err(|e| VulkanError::Vulkan(format!("starting the router thread: {e}")))?;
+        let job = RouteJob::new(m, 0, c.num_experts, k, c.norm_topk_prob);
+        let router = Router::spawn(Arc::clone(&model), Arc::clone(&experts), job);
         Ok(Runner {
             kernels,
             max_rows: m,
@@ -340,8 +338,7 @@ impl Runner {
             tally: ClaimTally::default(),
             spec_depth: 0,
             trace: None,
-            routing: Some(routing),
-            job: Some(Box::new(RouteJob::new(m, 0, c.num_experts, k, c.norm_topk_prob))),
+            router,
             handles: Vec::with_capacity(c.num_experts),
             hold_limit: hold_limit.max(1),
             ctx,
@@ -694,33 +691,22 @@ impl Runner {
         let c = &model.cfg;
         let (h, ne, k) = (c.hidden_size, c.num_experts, c.num_experts_per_tok);
         // The router ranks the device-computed gate logits and announces the union.
-        let (Some(router), Some(mut job)) = (self.routing.as_mut(), self.job.take()) else {
-            return Err(ForwardError::RouterStopped.into());
+        let job = {
+            let io = self.io.read().map_err(verr("reading router logits"))?;
+            let spec_depth = self.spec_depth;
+            self.router
+                .route(|job| {
+                    job.request(l, m, GateInput::Logits, spec_depth);
+                    job.logits_mut()[..m * ne].copy_from_slice(&io[m * h..m * h + m * ne]);
+                })
+                .map_err(|_| ForwardError::RouterStopped)?
         };
-        job.request(l, m, GateInput::Logits, self.spec_depth);
-        match self.io.read() {
-            Ok(io) => job.logits_mut()[..m * ne].copy_from_slice(&io[m * h..m * h + m * ne]),
-            Err(e) => {
-                self.job = Some(job);
-                return Err(verr("reading router logits")(e).into());
-            }
-        }
-        let job = router.route(job).map_err(|_| {
-            self.routing = None;
-            ForwardError::RouterStopped
-        })?;
-        let job = self.job.insert(job);
-        // Pair lists (token-major indices t·k + r routed to each expert), in union order.
-        let mut segs = Vec::with_capacity(job.union().len());
+        // Pair lists (token-major indices t·k + r routed to each expert, grouped in union
+        // order, as the job holds them) and the routing weights.
+        let segs: Vec<(usize, usize)> = job.segments().collect();
         {
             let mut rb = self.route_buf.write().map_err(verr("writing routing"))?;
-            let mut off = 0usize;
-            for ui in 0..job.union().len() {
-                let pairs = job.pairs_of(ui);
-                rb[off..off + pairs.len()].copy_from_slice(pairs);
-                segs.push((off, pairs.len()));
-                off += pairs.len();
-            }
+            rb[..m * k].copy_from_slice(job.pairs());
             for (i, &w) in job.topk_weights().iter().enumerate() {
                 rb[m * k + i] = w.to_bits();
             }
@@ -763,7 +749,7 @@ impl Runner {
                     self.handles.push(b);
                 }
                 Err(err) => {
-                    if let Some(job) = self.job.as_ref() {
+                    if let Some(job) = self.router.job() {
                         job.withdraw_after(ui, self.experts.as_ref());
                     }
                     // Dropping the staged batches in flight waits for them, so no upload
@@ -779,7 +765,7 @@ impl Runner {
         let (hu, ku) = (h as u32, k as u32);
         let kacc = self.kernels.accumulate.clone();
         rec.dispatch(&kacc, None, [hu, ku, r.yk, r.x, (m * k) as u32], [hu.div_ceil(256), m as u32, 1])?;
-        if let Some(job) = self.job.as_ref() {
+        if let Some(job) = self.router.job() {
             job.place_bets(self.experts.as_ref());
         }
         self.union_sizes[l] = union.len();
