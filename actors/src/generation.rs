@@ -119,12 +119,11 @@ pub fn generate<P: ForwardPass>(
     let before = fwd.tally();
     fwd.set_spec_depth(0);
     let chunk = fwd.max_rows();
+    let mut stopped = false;
     for block in body[kv.len()..].chunks(chunk) {
-        if cancelled() {
-            stats.prefill_tokens = kv.len() - cached;
-            stats.prefill_time = start.elapsed();
-            stats.prefill_claims = fwd.tally().since(&before);
-            return Ok((FinishReason::Stopped, stats));
+        stopped = cancelled();
+        if stopped {
+            break;
         }
         fwd.forward(kv, block, false)?;
         let sizes = fwd.last_union_sizes();
@@ -133,6 +132,10 @@ pub fn generate<P: ForwardPass>(
     stats.prefill_time = start.elapsed();
     let decode_start = fwd.tally();
     stats.prefill_claims = decode_start.since(&before);
+    if stopped {
+        stats.prefill_tokens = kv.len() - cached;
+        return Ok((FinishReason::Stopped, stats));
+    }
     fwd.set_spec_depth(req.spec_depth);
     let mut next = *last;
     let mut first_at = None;

@@ -398,9 +398,13 @@ fn main() {
             let picked: Vec<(u32, u32, u32)> = args
                 .iter()
                 .skip(2)
-                .filter_map(|t| {
+                .map(|t| {
                     let v: Vec<u32> = t.split(',').filter_map(|x| x.parse().ok()).collect();
-                    (v.len() == 3).then(|| (v[0], v[1], v[2]))
+                    if v.len() != 3 {
+                        eprintln!("error: tuning `{t}` is not LANES,ROWS,UNROLL (three numbers)");
+                        std::process::exit(2);
+                    }
+                    (v[0], v[1], v[2])
                 })
                 .collect();
             let tunings = if picked.is_empty() { TUNINGS } else { &picked[..] };
