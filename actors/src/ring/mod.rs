@@ -169,12 +169,22 @@ impl Shared {
             metrics::counter!("smoe_ring_evictions_total").increment(1);
         }
         slot.key.store(pack(key), Ordering::Release);
+        slot.failed_key.store(NO_KEY, Ordering::Release);
         slot.origin.store(origin, Ordering::Release);
         slot.tick.store(self.tick(), Ordering::Relaxed);
         let ok = slot.transition(EMPTY, LOADING);
         debug_assert!(ok, "a recycled slot must be EMPTY");
         self.lookup[self.index(key)].store(idx, Ordering::Release);
         slot.refs.store(refs, Ordering::Release);
+    }
+
+    /// The slot whose read of `key` failed while an announcement held it, with that
+    /// announcement's pin taken over (the failed read left the lookup, so a claim or a
+    /// withdrawal would otherwise miss the pin and its reference).
+    fn failed_announcement(&self, key: ExpertKey) -> Option<u32> {
+        let k = pack(key);
+        let i = self.slots.iter().position(|s| s.failed_key.load(Ordering::Acquire) == k && s.take_pin())?;
+        Some(i as u32)
     }
 
     /// Blocks until `idx` is no longer LOADING; returns the read's error if it failed.
@@ -247,6 +257,7 @@ impl LoadSink for Shared {
                 *slot.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 let g = self.lock_alloc();
                 self.lookup[self.index(req.key)].store(NO_SLOT, Ordering::Release);
+                slot.failed_key.store(pack(req.key), Ordering::Release);
                 slot.key.store(NO_KEY, Ordering::Release);
                 slot.origin.store(ORIGIN_RETAINED, Ordering::Release);
                 slot.transition(LOADING, EMPTY);
@@ -475,7 +486,10 @@ impl ExpertSource for RingCache {
             {
                 i
             }
-            Some(_) => self.acquire(key, true).expect("waiting acquire returns a slot"),
+            Some(_) => match sh.failed_announcement(key) {
+                Some(i) => i,
+                None => self.acquire(key, true).expect("waiting acquire returns a slot"),
+            },
         };
         if let Err(e) = sh.wait_loaded(idx) {
             sh.release_ref(idx);
@@ -526,6 +540,8 @@ impl ExpertSource for RingCache {
         let Some(idx) = sh.lookup.get(sh.index(key)).map(|l| l.load(Ordering::Acquire)) else { return };
         if idx != NO_SLOT && sh.slots[idx as usize].take_pin() {
             sh.release_ref(idx);
+        } else if let Some(i) = sh.failed_announcement(key) {
+            sh.release_ref(i);
         }
     }
 }

@@ -62,6 +62,10 @@ pub struct Slot {
     pub origin: AtomicU8,
     /// The error of the last failed read, for the claim waiting on it.
     pub error: Mutex<Option<VaultError>>,
+    /// Packed identity of the last failed read ([`NO_KEY`] once the slot is reused): an
+    /// announcement pinned before the failure finds its slot here, since the lookup no
+    /// longer maps the expert to it.
+    pub failed_key: AtomicU32,
 }
 
 impl Slot {
@@ -75,6 +79,7 @@ impl Slot {
             tick: AtomicU64::new(0),
             origin: AtomicU8::new(ORIGIN_RETAINED),
             error: Mutex::new(None),
+            failed_key: AtomicU32::new(NO_KEY),
         }
     }
 
