@@ -62,6 +62,20 @@ pub fn host_buffer<T: BufferContents>(
     buffer(ctx, len, usage, filter, "allocating host-visible memory")
 }
 
+/// A buffer of `len` elements (at least one) that the host writes and the kernels read
+/// every layer (routing data): device-local memory the host can map where the device
+/// has it (resizable BAR, unified memory), else host memory. Kernels read host memory
+/// across the bus with a round trip per read, which costs far more than the host's
+/// writes through a device-local mapping (`vulkan kernels` measures both).
+pub fn upload_buffer<T: BufferContents>(
+    ctx: &VulkanContext,
+    len: u64,
+    usage: BufferUsage,
+) -> Result<Subbuffer<[T]>, VulkanError> {
+    let filter = MemoryTypeFilter::PREFER_DEVICE | MemoryTypeFilter::HOST_SEQUENTIAL_WRITE;
+    buffer(ctx, len, usage, filter, "allocating host-writable device memory")
+}
+
 /// Copies `bytes` into the start of `dst` through a staging buffer (start-up only: it
 /// waits for the copy).
 pub fn upload(ctx: &VulkanContext, dst: &Subbuffer<[u8]>, bytes: &[u8]) -> Result<(), VulkanError> {

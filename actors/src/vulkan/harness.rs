@@ -6,18 +6,19 @@ use std::time::{Duration, Instant};
 
 use smoe_proto::DType;
 use vulkano::buffer::{BufferUsage, Subbuffer};
+use vulkano::command_buffer::CommandBufferUsage;
 use vulkano::descriptor_set::WriteDescriptorSet;
 use vulkano::sync::GpuFuture;
 
-use super::buffers::{device_buffer, host_buffer, upload, verr, DeviceWeight};
+use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, verr, DeviceWeight};
 use super::context::VulkanContext;
-use super::pipelines::Kernels;
+use super::pipelines::{kernel, Kernel, Kernels};
 pub use super::pipelines::MatmulTuning;
-use super::record::{set0, typed, Recorder};
+use super::record::{set0, typed};
 use super::VulkanError;
 use crate::tensor::WeightView;
 
-pub use super::record::{MatmulArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
+pub use super::record::{MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
 pub use vulkano::descriptor_set::DescriptorSet;
 
 /// A weight matrix on the device, bound whole (it must fit one storage-buffer range).
@@ -46,6 +47,22 @@ pub struct KernelHarness {
     act: Subbuffer<[f32]>,
     route: Subbuffer<[u32]>,
     act_set: Arc<DescriptorSet>,
+    read_bandwidth: Kernel,
+}
+
+fn act_set(
+    ctx: &VulkanContext,
+    kernels: &Kernels,
+    act: &Subbuffer<[f32]>,
+    route: &Subbuffer<[u32]>,
+) -> Result<Arc<DescriptorSet>, VulkanError> {
+    DescriptorSet::new(
+        ctx.descriptors.clone(),
+        kernels.act_layout.clone(),
+        [WriteDescriptorSet::buffer(0, act.clone()), WriteDescriptorSet::buffer(1, route.clone())],
+        [],
+    )
+    .map_err(verr("creating the activation set"))
 }
 
 impl KernelHarness {
@@ -64,15 +81,26 @@ impl KernelHarness {
     ) -> Result<Self, VulkanError> {
         let kernels = Arc::new(Kernels::new(&ctx.device, tuning)?);
         let act = device_buffer::<f32>(&ctx, act_len as u64, BufferUsage::STORAGE_BUFFER)?;
-        let route = host_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
-        let act_set = DescriptorSet::new(
-            ctx.descriptors.clone(),
-            kernels.act_layout.clone(),
-            [WriteDescriptorSet::buffer(0, act.clone()), WriteDescriptorSet::buffer(1, route.clone())],
-            [],
-        )
-        .map_err(verr("creating the activation set"))?;
-        Ok(KernelHarness { ctx, kernels, act, route, act_set })
+        let route = upload_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
+        let act_set = act_set(&ctx, &kernels, &act, &route)?;
+        let read_bandwidth = kernel(&ctx.device, &kernels.act_layout, "read_bandwidth", None)?;
+        Ok(KernelHarness { ctx, kernels, act, route, act_set, read_bandwidth })
+    }
+
+    /// A harness sharing this one's kernels and activation arena (so its weights and
+    /// sets work with both) whose routing buffer is in host memory instead of where the
+    /// executor keeps it: `vulkan kernels` measures what reading routing data across
+    /// the bus costs.
+    pub fn with_host_route(&self) -> Result<Self, VulkanError> {
+        let route = host_buffer::<u32>(&self.ctx, self.route.len(), BufferUsage::STORAGE_BUFFER)?;
+        Ok(KernelHarness {
+            act_set: act_set(&self.ctx, &self.kernels, &self.act, &route)?,
+            route,
+            ctx: self.ctx.clone(),
+            kernels: self.kernels.clone(),
+            act: self.act.clone(),
+            read_bandwidth: self.read_bandwidth.clone(),
+        })
     }
 
     /// Uploads `w`: to device-local memory, or (`host_visible`) to host-visible memory
@@ -128,23 +156,65 @@ impl KernelHarness {
     /// returns the time from submission to completion.
     pub fn run(
         &self,
-        mut record: impl FnMut(&mut Recorder) -> Result<(), VulkanError>,
+        record: impl FnMut(&mut Recorder) -> Result<(), VulkanError>,
         reps: usize,
     ) -> Result<Duration, VulkanError> {
-        let mut rec = Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone())?;
+        Ok(self.run_timed(record, reps, Duration::ZERO, 1)?[0])
+    }
+
+    /// Records `record` `reps` times into one command buffer, submits it back to back
+    /// (each waited for) until `warm` has passed, then `n` more times; returns those
+    /// `n` times from submission to completion. Recording once keeps host work out of
+    /// the gaps between submissions, so the GPU stays busy and its clocks up.
+    pub fn run_timed(
+        &self,
+        mut record: impl FnMut(&mut Recorder) -> Result<(), VulkanError>,
+        reps: usize,
+        warm: Duration,
+        n: usize,
+    ) -> Result<Vec<Duration>, VulkanError> {
+        let usage = if warm.is_zero() && n == 1 {
+            CommandBufferUsage::OneTimeSubmit
+        } else {
+            CommandBufferUsage::MultipleSubmit
+        };
+        let mut rec = Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone(), usage)?;
         for _ in 0..reps.max(1) {
             record(&mut rec)?;
         }
         let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
-        let t = Instant::now();
-        vulkano::sync::now(self.ctx.device.clone())
-            .then_execute(self.ctx.compute.clone(), cb)
-            .map_err(verr("submitting"))?
-            .then_signal_fence_and_flush()
-            .map_err(verr("submitting"))?
-            .wait(None)
-            .map_err(verr("waiting"))?;
-        Ok(t.elapsed())
+        let submit = || -> Result<Duration, VulkanError> {
+            let t = Instant::now();
+            vulkano::sync::now(self.ctx.device.clone())
+                .then_execute(self.ctx.compute.clone(), cb.clone())
+                .map_err(verr("submitting"))?
+                .then_signal_fence_and_flush()
+                .map_err(verr("submitting"))?
+                .wait(None)
+                .map_err(verr("waiting"))?;
+            Ok(t.elapsed())
+        };
+        let start = Instant::now();
+        while start.elapsed() < warm {
+            submit()?;
+        }
+        (0..n).map(|_| submit()).collect()
+    }
+
+    /// Records the read-bandwidth kernel (`shaders/read_bandwidth.comp`) over every
+    /// 16-byte word of `w` with `groups` workgroups, which write one word each from
+    /// activation offset `out_off`, for [`KernelHarness::run_timed`].
+    pub fn read_all(
+        &self,
+        w: &TestWeight,
+        groups: u32,
+        out_off: u32,
+    ) -> Result<impl FnMut(&mut Recorder) -> Result<(), VulkanError> + '_, VulkanError> {
+        let set = set0(&self.ctx, &self.read_bandwidth, std::slice::from_ref(&w.bytes))?;
+        let words = (w.bytes.len() / 16) as u32;
+        Ok(move |r: &mut Recorder| {
+            r.dispatch(&self.read_bandwidth, Some(set.clone()), [words, out_off], [groups, 1, 1])
+        })
     }
 
     /// A matmul (`batched`) or matvec of `w` with `a` (rows and cols taken from `w`).

@@ -108,7 +108,7 @@ fn verr(what: &str) -> impl Fn(&dyn std::fmt::Display) -> VulkanError + '_ {
 }
 
 /// Builds kernel `name`; `spec` = (rows per lane group, unroll, lanes) for matmul kernels.
-fn kernel(
+pub(crate) fn kernel(
     device: &Arc<Device>,
     act: &Arc<DescriptorSetLayout>,
     name: &str,

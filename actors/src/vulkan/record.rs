@@ -117,17 +117,15 @@ pub fn typed(k: &Kernels, dtype: DType) -> &TypedKernels {
 }
 
 impl Recorder {
-    /// Starts a one-time command buffer on the compute queue.
+    /// Starts a command buffer on the compute queue, submitted once or (`usage`
+    /// `MultipleSubmit`) again and again.
     pub fn new(
         ctx: &VulkanContext,
         kernels: Arc<Kernels>,
         act_set: Arc<DescriptorSet>,
+        usage: CommandBufferUsage,
     ) -> Result<Self, VulkanError> {
-        let cb = AutoCommandBufferBuilder::primary(
-            ctx.commands.clone(),
-            ctx.compute.queue_family_index(),
-            CommandBufferUsage::OneTimeSubmit,
-        )
+        let cb = AutoCommandBufferBuilder::primary(ctx.commands.clone(), ctx.compute.queue_family_index(), usage)
         .map_err(verr("starting a command buffer"))?;
         Ok(Recorder { cb, kernels, act_set })
     }

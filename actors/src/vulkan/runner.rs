@@ -19,7 +19,7 @@ use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
 use vulkano::sync::GpuFuture;
 
 use super::allocator::ArenaRegistry;
-use super::buffers::{device_buffer, host_buffer, upload_f32, verr, DeviceWeight};
+use super::buffers::{device_buffer, host_buffer, upload_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
@@ -240,7 +240,7 @@ impl Runner {
         let k = c.num_experts_per_tok.max(1);
         // Pair lists, routing weights and the expert table (3 words per union expert).
         let route_len = 2 * m * k + 3 * c.num_experts.min(m * k);
-        let route_buf = host_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
+        let route_buf = upload_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
         let io_len = m * c.hidden_size + m * c.num_experts + c.vocab_size;
         let io = host_buffer::<f32>(&ctx, io_len as u64, BufferUsage::empty())?;
         let act_set = DescriptorSet::new(
@@ -386,7 +386,7 @@ impl Runner {
     }
 
     fn recorder(&self) -> Result<Recorder, VulkanError> {
-        Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone())
+        Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone(), CommandBufferUsage::OneTimeSubmit)
     }
 
     /// Submits `rec` after the work still in flight and, where given, after `transfer`

@@ -26,9 +26,9 @@ use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::tensor::{WeightData, WeightView};
 use smoe_actors::vulkan::harness::{
-    DescriptorSet, KernelHarness, MatmulArgs, MatmulTuning, TestWeight, FLAG_GATHER, FLAG_TABLE,
+    DescriptorSet, KernelHarness, MatmulArgs, MatmulTuning, Recorder, TestWeight, FLAG_GATHER, FLAG_TABLE,
 };
-use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanForward};
+use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanError, VulkanForward};
 
 /// Cheap deterministic pseudo-random weights in [-0.05, 0.05).
 fn fill(n: usize, seed: u64) -> Vec<f32> {
@@ -62,14 +62,19 @@ fn upload(h: &KernelHarness, rows: usize, cols: usize, seed: u64, is_bf16: bool,
     h.weight(&WeightView { data, rows, cols }, host).expect("upload")
 }
 
-/// Seconds per round of `run(rounds)` (which records `rounds` rounds into one command
-/// buffer and times it): enough rounds that one submission takes about 30 ms (so the
-/// submission and fence overhead is small), best of five after a warm-up.
-fn time(mut run: impl FnMut(usize) -> Duration) -> f64 {
-    let one = run(1).as_secs_f64();
-    let rounds = ((0.03 / one).ceil() as usize).clamp(1, 2000);
-    run(rounds);
-    (0..5).map(|_| run(rounds).as_secs_f64()).fold(f64::MAX, f64::min) / rounds as f64
+/// Seconds per round of `record`, timed as `run_timed` submits it: `record` is
+/// recorded into one command buffer as often as makes one submission take about 30 ms
+/// (so the submission and fence overhead is small); the buffer then runs back to back
+/// for at least 300 ms before seven timed submissions, whose median counts. The warm-up
+/// matters: the H200's shader clock falls to 345 MHz within a second of idling
+/// (nvidia-smi dmon during a run) and one 30 ms submission does not bring it back to
+/// 1980 MHz, which made figures taken after host-side set-up several times too slow.
+fn time(h: &KernelHarness, mut record: impl FnMut(&mut Recorder) -> Result<(), VulkanError>) -> f64 {
+    let one = h.run_timed(&mut record, 1, Duration::from_millis(50), 1).expect("run")[0].as_secs_f64();
+    let rounds = ((0.03 / one).ceil() as usize).clamp(1, 4000);
+    let mut t = h.run_timed(&mut record, rounds, Duration::from_millis(300), 7).expect("run");
+    t.sort();
+    t[3].as_secs_f64() / rounds as f64
 }
 
 /// Prints one figure: `bytes` moved in `secs`.
@@ -85,6 +90,23 @@ fn report(what: &str, secs: f64, bytes: f64) {
 /// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll).
 const TUNINGS: &[(u32, u32, u32)] = &[(32, 2, 2), (32, 1, 2), (32, 4, 2), (32, 2, 1)];
 
+/// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
+/// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes
+/// (less where the device cannot bind that much at once).
+fn read_ceilings(h: &KernelHarness, max_range: u64) {
+    for (host, mib) in [(false, 512usize), (true, 256)] {
+        let mib = mib.min((max_range >> 20) as usize / 2);
+        let cols = 4096;
+        let w = upload(h, (mib << 20) / 4 / cols, cols, 7, false, host);
+        let bytes = (mib << 20) as f64;
+        let place = if host { "host-visible" } else { "device-local" };
+        for groups in [1056u32, 4224, 16896] {
+            let secs = time(h, h.read_all(&w, groups, 0).expect("read"));
+            report(&format!("read ceiling {place} {mib} MiB, {groups} workgroups"), secs, bytes);
+        }
+    }
+}
+
 fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
     let ctx = VulkanContext::new(device).expect("device");
     println!(
@@ -94,10 +116,17 @@ fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
     // Qwen3-30B-A3B: hidden 2048, expert intermediate 768, 8 experts per token; 48
     // experts (6 groups of 8) so the L2 does not hold the weights.
     let (hid, inter, k, n_exp, tokens) = (2048usize, 768usize, 8usize, 48usize, 64usize);
-    for &(lanes, rows_m1, unroll) in tunings {
+    for (ti, &(lanes, rows_m1, unroll)) in tunings.iter().enumerate() {
         let tuning = MatmulTuning { lanes, rows_m1, unroll };
         println!("== tuning {tuning:?}");
         let h = KernelHarness::with_tuning(ctx.clone(), 16 << 20, 1 << 16, tuning).expect("harness");
+        if ti == 0 {
+            read_ceilings(&h, ctx.info.max_storage_buffer_range);
+        }
+        // The first tuning also runs the m=1 expert FFN with the routing data in host
+        // memory, against the executor's placement, and reads weights in place from
+        // host-visible memory as ring slots are.
+        let host_route = (ti == 0).then(|| h.with_host_route().expect("harness"));
         let xs = fill(tokens * hid, 99);
         h.write_act(0, &xs).expect("x");
         let (x_off, hid_off) = (0u32, (tokens * hid) as u32);
@@ -106,7 +135,7 @@ fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
             let dsz = if is_bf16 { 2 } else { 4 };
             let name = if is_bf16 { "bf16" } else { "f32" };
             for host in [false, true] {
-                if host && (lanes, rows_m1, unroll) != TUNINGS[0] {
+                if host && ti != 0 {
                     continue;
                 }
                 let place = if host { "host-visible (ring slot, zero-copy)" } else { "device-local" };
@@ -118,7 +147,11 @@ fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
                     Stack { gate, pair, down }
                 };
                 let bytes = (3 * hid * inter * dsz) as f64;
-                for m in [1usize, tokens] {
+                let runs: Vec<(&KernelHarness, usize, &str)> = [(&h, 1, ""), (&h, tokens, "")]
+                    .into_iter()
+                    .chain(host_route.iter().filter(|_| !host).map(|hr| (hr, 1, ", routing in host memory")))
+                    .collect();
+                for (hh, m, route_place) in runs {
                     // Table: expert e holds pairs e·m .. e·m + m - 1 (token = pair % m).
                     let tab = 1 << 14;
                     let mut route: Vec<u32> = (0..(n_exp * m) as u32).map(|p| p % m as u32).collect();
@@ -126,7 +159,7 @@ fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
                     for e in 0..n_exp {
                         route.extend([(e * inter * hid) as u32, (e * m) as u32, m as u32]);
                     }
-                    h.write_route(&route).expect("route");
+                    hh.write_route(&route).expect("route");
                     let gu = MatmulArgs {
                         rows: inter as u32,
                         cols: hid as u32,
@@ -150,33 +183,17 @@ fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
                         groups: k as u32,
                         ..Default::default()
                     };
-                    let secs = time(|rounds| {
-                        h.run(
-                            |r| {
-                                for g in 0..n_exp / k {
-                                    let tab_off = (tab + 3 * k * g) as u32;
-                                    r.gate_up(
-                                        st.gate.dtype,
-                                        m > 1,
-                                        st.pair.clone(),
-                                        MatmulArgs { tab_off, ..gu },
-                                    )?;
-                                    r.matmul(
-                                        st.down.dtype,
-                                        m > 1,
-                                        st.down.set(),
-                                        MatmulArgs { tab_off, ..dn },
-                                    )?;
-                                }
-                                Ok(())
-                            },
-                            rounds,
-                        )
-                        .expect("run")
+                    let secs = time(hh, |r| {
+                        for g in 0..n_exp / k {
+                            let tab_off = (tab + 3 * k * g) as u32;
+                            r.gate_up(st.gate.dtype, m > 1, st.pair.clone(), MatmulArgs { tab_off, ..gu })?;
+                            r.matmul(st.down.dtype, m > 1, st.down.set(), MatmulArgs { tab_off, ..dn })?;
+                        }
+                        Ok(())
                     }) / (n_exp / k) as f64;
                     if m == 1 {
                         report(
-                            &format!("expert FFN m=1 {name} {place}, {k} experts fused"),
+                            &format!("expert FFN m=1 {name} {place}{route_place}, {k} experts fused"),
                             secs,
                             k as f64 * bytes,
                         );
@@ -204,17 +221,11 @@ fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
                     out_stride: rows as u32,
                     ..Default::default()
                 };
-                let secs = time(|rounds| {
-                    h.run(
-                        |r| {
-                            for w in &ws {
-                                r.matmul(w.dtype, false, w.set(), a)?;
-                            }
-                            Ok(())
-                        },
-                        rounds,
-                    )
-                    .expect("run")
+                let secs = time(&h, |r| {
+                    for w in &ws {
+                        r.matmul(w.dtype, false, w.set(), a)?;
+                    }
+                    Ok(())
                 }) / n as f64;
                 report(&format!("dense matvec m=1 {name} {rows}x{hid}"), secs, (rows * hid * dsz) as f64);
             }
