@@ -7,7 +7,8 @@
 #   bash DIR/vulkan_gpu.sh run     (there) unpack the Vulkan loader from .gl/*.deb (see
 #                                  the device README), run the kernel-identity and
 #                                  fixture tests, the bit-identity diagnosis, the kernel
-#                                  benchmarks and the end-to-end table; logs go to $OUT
+#                                  statistics and benchmarks and the end-to-end table;
+#                                  logs go to $OUT
 #
 # The test binaries look for fixtures and the binary under the path of the checkout they
 # were built in, so `run` recreates that path.
@@ -61,6 +62,7 @@ run)
     "$G/smoe-pipeline" convert --hf "tests/fixtures/$f" --out "/tmp/$f.vault" --force >/dev/null 2>&1
     echo "== diag $f"; timeout 60 "$G/vulkan" diag "/tmp/$f.vault" "$D" 2>&1 | tee -a "$OUT/diag.txt"
   done
+  timeout 60 "$G/vulkan" stats "$D" 32,1,2 32,4,2 32,2,1 32,2,4 2>&1 | tee "$OUT/stats.txt"
   timeout 240 "$G/vulkan" kernels "$D" 2>&1 | tee "$OUT/bench_kernels.txt"
   timeout 60 "$G/smoe-pipeline" synth --preset qwen3-30b-a3b --layers 3 --out /tmp/q30 2>&1 | tail -1
   echo "== diag q30 (3 layers)"; timeout 120 "$G/vulkan" diag /tmp/q30 "$D" 2>&1 | tee -a "$OUT/diag.txt"

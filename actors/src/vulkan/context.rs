@@ -7,7 +7,9 @@ use std::sync::Arc;
 use vulkano::command_buffer::allocator::StandardCommandBufferAllocator;
 use vulkano::descriptor_set::allocator::StandardDescriptorSetAllocator;
 use vulkano::device::physical::{PhysicalDevice, PhysicalDeviceType};
-use vulkano::device::{Device, DeviceCreateInfo, Queue, QueueCreateInfo, QueueFlags};
+use vulkano::device::{
+    Device, DeviceCreateInfo, DeviceExtensions, DeviceFeatures, Queue, QueueCreateInfo, QueueFlags,
+};
 use vulkano::instance::{Instance, InstanceCreateFlags, InstanceCreateInfo};
 use vulkano::memory::allocator::StandardMemoryAllocator;
 use vulkano::memory::MemoryPropertyFlags;
@@ -180,9 +182,21 @@ impl VulkanContext {
         if let Some(tf) = tf {
             queue_create_infos.push(QueueCreateInfo { queue_family_index: tf, ..Default::default() });
         }
-        let (device, mut queues) =
-            Device::new(p, DeviceCreateInfo { queue_create_infos, ..Default::default() })
-                .map_err(|e| VulkanError::NoDevice(format!("cannot open device {index}: {e}")))?;
+        // Pipeline statistics (registers, spills) for the bench's `vulkan stats`, where the
+        // driver offers them; no pipeline of the backend asks for them.
+        let stats = p.supported_extensions().khr_pipeline_executable_properties
+            && p.supported_features().pipeline_executable_info;
+        let create = DeviceCreateInfo {
+            queue_create_infos,
+            enabled_extensions: DeviceExtensions {
+                khr_pipeline_executable_properties: stats,
+                ..DeviceExtensions::empty()
+            },
+            enabled_features: DeviceFeatures { pipeline_executable_info: stats, ..DeviceFeatures::empty() },
+            ..Default::default()
+        };
+        let (device, mut queues) = Device::new(p, create)
+            .map_err(|e| VulkanError::NoDevice(format!("cannot open device {index}: {e}")))?;
         let compute = queues.next().expect("one queue per family asked for");
         let transfer = tf.and_then(|_| queues.next());
         Ok(Arc::new(VulkanContext {

@@ -94,7 +94,10 @@ pub struct Kernels {
     pub act_layout: Arc<DescriptorSetLayout>,
 }
 
-fn spirv(name: &str) -> Result<Vec<u32>, VulkanError> {
+/// The SPIR-V words of module `name` (a `shaders/` file compiled by `build.rs`, e.g.
+/// `matvec_bf16`), as the pipelines here load them; for tools that build their own
+/// pipelines from the same modules (the bench's `vulkan stats`).
+pub fn spirv(name: &str) -> Result<Vec<u32>, VulkanError> {
     let bytes = SPIRV
         .iter()
         .find(|(n, _)| *n == name)
