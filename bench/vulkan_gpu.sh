@@ -61,8 +61,10 @@ run)
   for f in bf16_sharded dense0_gqa moe_all; do
     "$G/smoe-pipeline" convert --hf "tests/fixtures/$f" --out "/tmp/$f.vault" --force >/dev/null 2>&1
     echo "== diag $f"; timeout 60 "$G/vulkan" diag "/tmp/$f.vault" "$D" 2>&1 | tee -a "$OUT/diag.txt"
+    echo "== verify $f"
+    timeout 120 "$G/smoe-pipeline" verify --vault "/tmp/$f.vault" --backend vulkan --device "$D" 2>&1 | tail -3 | tee -a "$OUT/verify.txt"
   done
-  timeout 60 "$G/vulkan" stats "$D" 32,1,2 32,4,2 32,2,1 32,2,4 2>&1 | tee "$OUT/stats.txt"
+  timeout 60 "$G/vulkan" stats "$D" 32,2,2 32,4,1 2>&1 | tee "$OUT/stats.txt"
   timeout 240 "$G/vulkan" kernels "$D" 2>&1 | tee "$OUT/bench_kernels.txt"
   timeout 60 "$G/smoe-pipeline" synth --preset qwen3-30b-a3b --layers 3 --out /tmp/q30 2>&1 | tail -1
   echo "== diag q30 (3 layers)"; timeout 120 "$G/vulkan" diag /tmp/q30 "$D" 2>&1 | tee -a "$OUT/diag.txt"

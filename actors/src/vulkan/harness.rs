@@ -12,8 +12,8 @@ use vulkano::sync::GpuFuture;
 
 use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, verr, DeviceWeight};
 use super::context::VulkanContext;
-use super::pipelines::{kernel, Kernel, Kernels};
 pub use super::pipelines::MatmulTuning;
+use super::pipelines::{kernel, Kernel, Kernels};
 use super::record::{set0, typed};
 use super::VulkanError;
 use crate::tensor::WeightView;

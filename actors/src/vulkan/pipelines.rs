@@ -37,11 +37,12 @@ pub struct MatmulTuning {
 }
 
 impl Default for MatmulTuning {
-    /// Two rows per lane group gave the fastest LM-head matvec of the H200 sweep and tied
-    /// on the other matvecs; the m=1 expert FFN was too noisy there to rank tunings
-    /// (`bench/results/vulkan-h200-kernels-2026-11-29c.txt`).
+    /// One row per lane group and one chunk per load gave the fastest bf16 expert FFN
+    /// (gate/up 15.7 us against 16.8 us for 2 rows / 2 chunks) and the lowest
+    /// small-matvec floor on the H200, within 0.5 us of the best on the q_proj-sized
+    /// matvec and 3% on the LM head (`bench/results/vulkan-h200-kernels-2026-11-29d.txt`).
     fn default() -> Self {
-        MatmulTuning { lanes: 32, rows_m1: 2, unroll: 2 }
+        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1 }
     }
 }
 

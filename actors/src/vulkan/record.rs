@@ -125,8 +125,9 @@ impl Recorder {
         act_set: Arc<DescriptorSet>,
         usage: CommandBufferUsage,
     ) -> Result<Self, VulkanError> {
-        let cb = AutoCommandBufferBuilder::primary(ctx.commands.clone(), ctx.compute.queue_family_index(), usage)
-        .map_err(verr("starting a command buffer"))?;
+        let cb =
+            AutoCommandBufferBuilder::primary(ctx.commands.clone(), ctx.compute.queue_family_index(), usage)
+                .map_err(verr("starting a command buffer"))?;
         Ok(Recorder { cb, kernels, act_set })
     }
 

@@ -386,7 +386,12 @@ impl Runner {
     }
 
     fn recorder(&self) -> Result<Recorder, VulkanError> {
-        Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone(), CommandBufferUsage::OneTimeSubmit)
+        Recorder::new(
+            &self.ctx,
+            self.kernels.clone(),
+            self.act_set.clone(),
+            CommandBufferUsage::OneTimeSubmit,
+        )
     }
 
     /// Submits `rec` after the work still in flight and, where given, after `transfer`
