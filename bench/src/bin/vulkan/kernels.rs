@@ -1,0 +1,263 @@
+//! `vulkan kernels`: per-kernel figures against the card's memory bandwidth.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smoe_actors::tensor::{WeightData, WeightView};
+use smoe_actors::vulkan::harness::{
+    DescriptorSet, KernelHarness, MatmulArgs, MatmulTuning, Recorder, TestWeight, FLAG_GATHER, FLAG_TABLE,
+};
+use smoe_actors::vulkan::{VulkanContext, VulkanError};
+
+/// Cheap deterministic pseudo-random weights in [-0.05, 0.05).
+fn fill(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect()
+}
+
+fn bf16(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
+}
+
+/// Stacked expert weights: gate, up ((n·inter) × hid) and down ((n·hid) × inter)
+/// matrices, expert e at element offset e·inter·hid of each, bound once.
+struct Stack {
+    gate: TestWeight,
+    pair: Arc<DescriptorSet>,
+    down: TestWeight,
+}
+
+/// A `rows` × `cols` matrix of [`fill`] weights (seeded by `seed`), bf16 or f32, in
+/// device-local or (`host`) host-visible memory.
+pub fn upload(
+    h: &KernelHarness,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+    is_bf16: bool,
+    host: bool,
+) -> TestWeight {
+    let f = fill(rows * cols, seed);
+    let b = bf16(&f);
+    let data = if is_bf16 { WeightData::Bf16(&b) } else { WeightData::F32(&f) };
+    h.weight(&WeightView { data, rows, cols }, host).expect("upload")
+}
+
+/// Seconds per round of `record`, timed as `run_timed` submits it: `record` is
+/// recorded into one command buffer as often as makes one submission take about 30 ms
+/// (so the submission and fence overhead is small); the buffer then runs back to back
+/// for at least 300 ms before seven timed submissions, whose median counts. The warm-up
+/// matters: the H200's shader clock falls to 345 MHz within a second of idling
+/// (nvidia-smi dmon during a run) and one 30 ms submission does not bring it back to
+/// 1980 MHz, which made figures taken after host-side set-up several times too slow.
+fn time(h: &KernelHarness, mut record: impl FnMut(&mut Recorder) -> Result<(), VulkanError>) -> f64 {
+    let one = h.run_timed(&mut record, 1, Duration::from_millis(50), 1).expect("run")[0].as_secs_f64();
+    let rounds = ((0.03 / one).ceil() as usize).clamp(1, 4000);
+    let mut t = h.run_timed(&mut record, rounds, Duration::from_millis(300), 7).expect("run");
+    t.sort();
+    t[3].as_secs_f64() / rounds as f64
+}
+
+/// Prints one figure: `bytes` moved in `secs`.
+fn report(what: &str, secs: f64, bytes: f64) {
+    println!(
+        "{what}: {:.1} us, {:.0} GB/s ({:.1}% of 4.8 TB/s)",
+        secs * 1e6,
+        bytes / secs / 1e9,
+        bytes / secs / 4.8e12 * 100.0
+    );
+}
+
+/// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll).
+pub const TUNINGS: &[(u32, u32, u32)] = &[(32, 1, 1), (32, 2, 2), (32, 2, 1), (32, 4, 1)];
+
+/// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
+/// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes
+/// (less where the device cannot bind that much at once); and the time a dispatch
+/// that reads next to nothing takes in a chain.
+fn read_ceilings(h: &KernelHarness, max_range: u64) {
+    for (host, mib) in [(false, 512usize), (true, 256)] {
+        let mib = mib.min((max_range >> 20) as usize / 2);
+        let cols = 4096;
+        let w = upload(h, (mib << 20) / 4 / cols, cols, 7, false, host);
+        let bytes = (mib << 20) as f64;
+        let place = if host { "host-visible" } else { "device-local" };
+        for groups in [1056u32, 4224, 16896] {
+            let secs = time(h, h.read_all(&w, groups, 0).expect("read"));
+            report(&format!("read ceiling {place} {mib} MiB, {groups} workgroups"), secs, bytes);
+        }
+    }
+    // The dispatch floor: a chain of dispatches that read 16 bytes each, with the
+    // barrier every kernel of a layer step waits on in between.
+    let w = upload(h, 1, 4, 7, false, false);
+    let mut one = h.read_all(&w, 1, 0).expect("read");
+    let secs = time(h, |r| (0..16).try_for_each(|_| one(r))) / 16.0;
+    println!("dispatch floor (16-byte read, chained): {:.1} us", secs * 1e6);
+}
+
+/// `vulkan kernels [DEVICE] [LANES,ROWS,UNROLL ...]`: prints every figure for each of
+/// `tunings` (see the program's documentation).
+pub fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
+    let ctx = VulkanContext::new(device).expect("device");
+    println!(
+        "device: {} ({}, Vulkan {}, subgroup {:?})",
+        ctx.info.name, ctx.info.driver, ctx.info.api_version, ctx.info.subgroup_size
+    );
+    // Qwen3-30B-A3B: hidden 2048, expert intermediate 768, 8 experts per token; 48
+    // experts (6 groups of 8) so the L2 does not hold the weights.
+    let (hid, inter, k, n_exp, tokens) = (2048usize, 768usize, 8usize, 48usize, 64usize);
+    for (ti, &(lanes, rows_m1, unroll)) in tunings.iter().enumerate() {
+        let tuning = MatmulTuning { lanes, rows_m1, unroll };
+        println!("== tuning {tuning:?}");
+        let h = KernelHarness::with_tuning(ctx.clone(), 16 << 20, 1 << 16, tuning).expect("harness");
+        if ti == 0 {
+            read_ceilings(&h, ctx.info.max_storage_buffer_range);
+        }
+        // The first tuning also runs the m=1 expert FFN with the routing data in host
+        // memory, against the executor's placement, and reads weights in place from
+        // host-visible memory as ring slots are.
+        let host_route = (ti == 0).then(|| h.with_host_route().expect("harness"));
+        let xs = fill(tokens * hid, 99);
+        h.write_act(0, &xs).expect("x");
+        let (x_off, hid_off) = (0u32, (tokens * hid) as u32);
+        let y_off = hid_off + (n_exp * tokens * inter) as u32;
+        for is_bf16 in [true, false] {
+            let dsz = if is_bf16 { 2 } else { 4 };
+            let name = if is_bf16 { "bf16" } else { "f32" };
+            for host in [false, true] {
+                if host && ti != 0 {
+                    continue;
+                }
+                let place = if host { "host-visible (ring slot, zero-copy)" } else { "device-local" };
+                let st = {
+                    let gate = upload(&h, n_exp * inter, hid, 1, is_bf16, host);
+                    let up = upload(&h, n_exp * inter, hid, 2, is_bf16, host);
+                    let down = upload(&h, n_exp * hid, inter, 3, is_bf16, host);
+                    let pair = h.pair(&gate, &up).expect("pair");
+                    Stack { gate, pair, down }
+                };
+                let bytes = (3 * hid * inter * dsz) as f64;
+                let runs: Vec<(&KernelHarness, usize, &str)> = [(&h, 1, ""), (&h, tokens, "")]
+                    .into_iter()
+                    .chain(host_route.iter().filter(|_| !host).map(|hr| (hr, 1, ", routing in host memory")))
+                    .collect();
+                for (hh, m, route_place) in runs {
+                    // Table: expert e holds pairs e·m .. e·m + m - 1 (token = pair % m).
+                    let tab = 1 << 14;
+                    let mut route: Vec<u32> = (0..(n_exp * m) as u32).map(|p| p % m as u32).collect();
+                    route.resize(tab, 0);
+                    for e in 0..n_exp {
+                        route.extend([(e * inter * hid) as u32, (e * m) as u32, m as u32]);
+                    }
+                    hh.write_route(&route).expect("route");
+                    let gu = MatmulArgs {
+                        rows: inter as u32,
+                        cols: hid as u32,
+                        x_off,
+                        x_stride: hid as u32,
+                        out_off: hid_off,
+                        out_stride: inter as u32,
+                        map_div: 1,
+                        flags: FLAG_GATHER | FLAG_TABLE,
+                        groups: k as u32,
+                        ..Default::default()
+                    };
+                    let dn = MatmulArgs {
+                        rows: hid as u32,
+                        cols: inter as u32,
+                        x_off: hid_off,
+                        x_stride: inter as u32,
+                        out_off: y_off,
+                        out_stride: hid as u32,
+                        flags: FLAG_TABLE,
+                        groups: k as u32,
+                        ..Default::default()
+                    };
+                    // The pair as the executor records it, then (m=1, first placement) each
+                    // half alone: the gate/up (2/3 of the bytes) and the down projection.
+                    let halves = m == 1 && route_place.is_empty() && !host;
+                    let parts: &[(bool, bool, &str, f64)] = if halves {
+                        &[
+                            (true, true, "", 1.0),
+                            (true, false, " (gate/up alone)", 2.0 / 3.0),
+                            (false, true, " (down alone)", 1.0 / 3.0),
+                        ]
+                    } else {
+                        &[(true, true, "", 1.0)]
+                    };
+                    for &(with_gu, with_dn, part, share) in parts {
+                        let secs = time(hh, |r| {
+                            for g in 0..n_exp / k {
+                                let tab_off = (tab + 3 * k * g) as u32;
+                                if with_gu {
+                                    r.gate_up(
+                                        st.gate.dtype,
+                                        m > 1,
+                                        st.pair.clone(),
+                                        MatmulArgs { tab_off, ..gu },
+                                    )?;
+                                }
+                                if with_dn {
+                                    r.matmul(
+                                        st.down.dtype,
+                                        m > 1,
+                                        st.down.set(),
+                                        MatmulArgs { tab_off, ..dn },
+                                    )?;
+                                }
+                            }
+                            Ok(())
+                        }) / (n_exp / k) as f64;
+                        if m == 1 {
+                            report(
+                                &format!(
+                                    "expert FFN m=1 {name} {place}{route_place}, {k} experts fused{part}"
+                                ),
+                                secs,
+                                share * k as f64 * bytes,
+                            );
+                            continue;
+                        }
+                        let flops = 2.0 * (k * m) as f64 * 3.0 * (hid * inter) as f64;
+                        println!(
+                            "expert FFN m={m} {name} {place}, {k} experts fused: {:.1} us, {:.0} GFLOP/s",
+                            secs * 1e6,
+                            flops / secs / 1e9
+                        );
+                    }
+                }
+            }
+            // Dense m=1 matvec at the q_proj shape (4096 x 2048), the LM head (151936 x
+            // 2048), and 16 x 2048, whose time is the floor of any dispatch in a chain
+            // (barrier, launch, one round of loads, reduction).
+            for (rows, n) in [(4096usize, 16usize), (151936, 1), (16, 16)] {
+                let ws: Vec<TestWeight> =
+                    (0..n).map(|i| upload(&h, rows, hid, 1000 + i as u64, is_bf16, false)).collect();
+                let a = MatmulArgs {
+                    rows: rows as u32,
+                    cols: hid as u32,
+                    m: 1,
+                    x_off,
+                    x_stride: hid as u32,
+                    out_off: y_off,
+                    out_stride: rows as u32,
+                    ..Default::default()
+                };
+                let secs = time(&h, |r| {
+                    for w in &ws {
+                        r.matmul(w.dtype, false, w.set(), a)?;
+                    }
+                    Ok(())
+                }) / n as f64;
+                report(&format!("dense matvec m=1 {name} {rows}x{hid}"), secs, (rows * hid * dsz) as f64);
+            }
+        }
+    }
+}

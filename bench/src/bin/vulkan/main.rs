@@ -1,0 +1,78 @@
+//! Vulkan backend measurements.
+//!
+//! `vulkan kernels [DEVICE]`: per-kernel figures at Qwen3-30B-A3B shapes (hidden 2048,
+//! expert intermediate 768, 8 experts per token) for each matmul tuning in `TUNINGS`:
+//! achieved GB/s of the m=1 expert FFN (a token's 8 experts in one gate/up + SiLU and one
+//! down dispatch, as the executor records them) and of the m=1 dense matvec, with
+//! weights in device-local memory and (first tuning) in host-visible memory where ring
+//! slots live, and GFLOP/s of the batched expert FFN at 64 tokens per expert. Enough
+//! distinct weights are cycled that the L2 cache does not hold them.
+//!
+//! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL ...]`: what the driver reports about each
+//! compiled matmul-family kernel (registers, spill/local memory, shared memory, ... as
+//! the driver names them) through VK_KHR_pipeline_executable_properties, for the default
+//! tuning and any given ones, specialised as the backend specialises them. vulkano does
+//! not expose `CAPTURE_STATISTICS`, so these pipelines are created with raw calls. A
+//! device without the extension (lavapipe) gets a one-line error and exit status 2.
+//!
+//! `vulkan diag VAULT [DEVICE]`: which ring sizes, block sizes and expert paths
+//! reproduce token-serial logits bit for bit, and the CPU backend's distance.
+//!
+//! `vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES]`: prefill
+//! and decode tokens/s, CPU vs Vulkan, with every expert held in the ring (`resident`)
+//! and with a ring of STREAM_SLOTS slots (`streamed` from the vault); MODES is
+//! `resident`, `streamed` or `both` (the default); an optional 8th argument picks the
+//! expert path (`zero-copy`, `staged-prefill`, `staged`).
+
+mod e2e;
+mod kernels;
+mod stats;
+
+use kernels::{kernels, TUNINGS};
+
+/// Prints `error: MSG` and ends the program with status `code`.
+fn fail(code: i32, msg: String) -> ! {
+    eprintln!("error: {msg}");
+    std::process::exit(code)
+}
+
+/// Tunings given after the device (`args[2..]`): LANES,ROWS,UNROLL each; a malformed one
+/// ends the program with status 2.
+fn parse_tunings(args: &[String]) -> Vec<(u32, u32, u32)> {
+    args.iter()
+        .skip(2)
+        .map(|t| {
+            let v: Vec<u32> = t.split(',').filter_map(|x| x.parse().ok()).collect();
+            if v.len() != 3 {
+                eprintln!("error: tuning `{t}` is not LANES,ROWS,UNROLL (three numbers)");
+                std::process::exit(2);
+            }
+            (v[0], v[1], v[2])
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("kernels") => {
+            // Optional tunings after the device: LANES,ROWS,UNROLL ...
+            let picked = parse_tunings(&args);
+            let tunings = if picked.is_empty() { TUNINGS } else { &picked[..] };
+            kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings)
+        }
+        Some("stats") => {
+            let device = args.get(1).map_or(Ok(0), |s| s.parse());
+            let device = device.unwrap_or_else(|_| fail(2, format!("DEVICE `{}` is not a number", args[1])));
+            stats::stats(device, &parse_tunings(&args))
+        }
+        Some("e2e") if args.len() >= 2 => e2e::e2e(&args[1..]),
+        Some("diag") if args.len() >= 2 => e2e::diag(&args[1..]),
+        _ => {
+            eprintln!(
+                "usage: vulkan kernels [DEVICE] [LANES,ROWS,UNROLL ...] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
+            );
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! `vulkan stats`: the driver's pipeline statistics of the matmul-family kernels.
+
+use std::ptr;
+
+use ash::vk;
+use vulkano::device::Device;
+use vulkano::pipeline::PipelineLayout;
+use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
+use vulkano::VulkanObject;
+
+use smoe_actors::vulkan::harness::MatmulTuning;
+use smoe_actors::vulkan::{spirv, Kernels, VulkanContext};
+
+use crate::fail;
+
+/// What a driver reports about one executable (a compiled shader stage) of a pipeline.
+struct Executable {
+    name: String,
+    description: String,
+    subgroup_size: u32,
+    /// (name, description, value) of every statistic, in the driver's order.
+    stats: Vec<(String, String, String)>,
+}
+
+/// A driver-written, NUL-terminated name or description.
+fn text(s: Result<&std::ffi::CStr, std::ffi::FromBytesUntilNulError>) -> String {
+    s.map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|_| "?".into())
+}
+
+/// Fails on any result but `SUCCESS` and `INCOMPLETE` (fewer entries written than exist;
+/// not expected, as the count cannot change between the two calls of the count-then-fill
+/// idiom, and what was written is kept).
+fn check(what: &str, r: vk::Result) -> Result<(), String> {
+    match r {
+        vk::Result::SUCCESS | vk::Result::INCOMPLETE => Ok(()),
+        e => Err(format!("{what}: {e:?}")),
+    }
+}
+
+/// The executables of `pipeline` (created with `CAPTURE_STATISTICS_KHR` on `device`,
+/// which has VK_KHR_pipeline_executable_properties and `pipelineExecutableInfo` enabled)
+/// and their statistics.
+fn executables(device: &Device, pipeline: vk::Pipeline) -> Result<Vec<Executable>, String> {
+    let f = &device.fns().khr_pipeline_executable_properties;
+    let info = vk::PipelineInfoKHR::default().pipeline(pipeline);
+    let mut n = 0u32;
+    // SAFETY: the extension is enabled on `device` (checked by the caller), `pipeline` is a
+    // live pipeline of it, and a null array asks only for the count.
+    let r = unsafe {
+        (f.get_pipeline_executable_properties_khr)(device.handle(), &info, &mut n, ptr::null_mut())
+    };
+    check("vkGetPipelineExecutablePropertiesKHR", r)?;
+    let mut props = vec![vk::PipelineExecutablePropertiesKHR::default(); n as usize];
+    // SAFETY: as above; `props` holds `n` structures with their sType set (`default()`).
+    let r = unsafe {
+        (f.get_pipeline_executable_properties_khr)(device.handle(), &info, &mut n, props.as_mut_ptr())
+    };
+    check("vkGetPipelineExecutablePropertiesKHR", r)?;
+    props.truncate(n as usize);
+    let mut out = Vec::new();
+    for (i, p) in props.iter().enumerate() {
+        let exe = vk::PipelineExecutableInfoKHR::default().pipeline(pipeline).executable_index(i as u32);
+        let mut m = 0u32;
+        // SAFETY: as above; `i` is below the executable count the driver reported.
+        let r = unsafe {
+            (f.get_pipeline_executable_statistics_khr)(device.handle(), &exe, &mut m, ptr::null_mut())
+        };
+        check("vkGetPipelineExecutableStatisticsKHR", r)?;
+        let mut stats = vec![vk::PipelineExecutableStatisticKHR::default(); m as usize];
+        // SAFETY: as above; `stats` holds `m` structures with their sType set.
+        let r = unsafe {
+            (f.get_pipeline_executable_statistics_khr)(device.handle(), &exe, &mut m, stats.as_mut_ptr())
+        };
+        check("vkGetPipelineExecutableStatisticsKHR", r)?;
+        stats.truncate(m as usize);
+        let stats = stats
+            .iter()
+            .map(|s| {
+                use vk::PipelineExecutableStatisticFormatKHR as F;
+                // SAFETY: `format` names the union member the driver wrote.
+                let value = unsafe {
+                    match s.format {
+                        F::BOOL32 => (s.value.b32 != vk::FALSE).to_string(),
+                        F::INT64 => s.value.i64.to_string(),
+                        F::UINT64 => s.value.u64.to_string(),
+                        F::FLOAT64 => s.value.f64.to_string(),
+                        other => format!("(format {other:?}: raw {:#x})", s.value.u64),
+                    }
+                };
+                (text(s.name_as_c_str()), text(s.description_as_c_str()), value)
+            })
+            .collect();
+        out.push(Executable {
+            name: text(p.name_as_c_str()),
+            description: text(p.description_as_c_str()),
+            subgroup_size: p.subgroup_size,
+            stats,
+        });
+    }
+    Ok(out)
+}
+
+/// Creates a compute pipeline of `module` (entry `main`, specialization constants 0, 1, 2
+/// = `spec`) with `layout`, as `Kernels::new` does but with `CAPTURE_STATISTICS_KHR`, and
+/// returns what the driver reports about it; the pipeline is destroyed before returning.
+fn pipeline_stats(
+    device: &Device,
+    module: &ShaderModule,
+    layout: &PipelineLayout,
+    spec: [u32; 3],
+) -> Result<Vec<Executable>, String> {
+    let entries: Vec<vk::SpecializationMapEntry> = (0..3u32)
+        .map(|i| vk::SpecializationMapEntry::default().constant_id(i).offset(4 * i).size(4))
+        .collect();
+    let data: Vec<u8> = spec.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let spec_info = vk::SpecializationInfo::default().map_entries(&entries).data(&data);
+    let stage = vk::PipelineShaderStageCreateInfo::default()
+        .stage(vk::ShaderStageFlags::COMPUTE)
+        .module(module.handle())
+        .name(c"main")
+        .specialization_info(&spec_info);
+    let info = vk::ComputePipelineCreateInfo::default()
+        .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR)
+        .stage(stage)
+        .layout(layout.handle())
+        .base_pipeline_index(-1);
+    let fns = device.fns();
+    let mut pipeline = vk::Pipeline::null();
+    // SAFETY: `module` and `layout` are live objects of `device` (the layout was made from
+    // the same module's reflection by `Kernels::new`), `info` and everything it points to
+    // (stage, specialization entries and data, the entry name) outlive the call, the
+    // pipelineExecutableInfo feature that CAPTURE_STATISTICS_KHR needs is enabled (checked
+    // by the caller), and one create info writes one pipeline.
+    let r = unsafe {
+        (fns.v1_0.create_compute_pipelines)(
+            device.handle(),
+            vk::PipelineCache::null(),
+            1,
+            &info,
+            ptr::null(),
+            &mut pipeline,
+        )
+    };
+    if r != vk::Result::SUCCESS {
+        return Err(format!("vkCreateComputePipelines: {r:?}"));
+    }
+    let out = executables(device, pipeline);
+    // SAFETY: `pipeline` was created above, no command buffer uses it, and it is destroyed
+    // once.
+    unsafe { (fns.v1_0.destroy_pipeline)(device.handle(), pipeline, ptr::null()) };
+    out
+}
+
+/// `vulkan stats`: the driver's statistics for every matmul-family kernel, specialised
+/// for the default tuning and then each of `extra`.
+pub fn stats(device: usize, extra: &[(u32, u32, u32)]) {
+    let ctx = VulkanContext::new(device).unwrap_or_else(|e| fail(1, e.to_string()));
+    let dev = &ctx.device;
+    if !dev.enabled_extensions().khr_pipeline_executable_properties
+        || !dev.enabled_features().pipeline_executable_info
+    {
+        fail(
+            2,
+            format!(
+                "device {device} ({}, {}) does not support VK_KHR_pipeline_executable_properties; its driver reports no pipeline statistics (run this on the GPU's own driver)",
+                ctx.info.name, ctx.info.driver
+            ),
+        );
+    }
+    println!(
+        "device: {} ({}, Vulkan {}, subgroup {:?})",
+        ctx.info.name, ctx.info.driver, ctx.info.api_version, ctx.info.subgroup_size
+    );
+    let d = MatmulTuning::default();
+    let mut tunings = vec![d];
+    for &(lanes, rows_m1, unroll) in extra {
+        let t = MatmulTuning { lanes, rows_m1, unroll };
+        if !tunings.contains(&t) {
+            tunings.push(t);
+        }
+    }
+    // (module, kernel of a `TypedKernels`, whether it is a token-batched kernel), in the
+    // order printed: matvec_f32, matvec_bf16, matmul_f32, ...
+    let mut modules = Vec::new();
+    for (kind, batched) in
+        [("matvec", false), ("matmul", true), ("gate_up", false), ("gate_up_batched", true)]
+    {
+        for ty in ["f32", "bf16"] {
+            let name = format!("{kind}_{ty}");
+            let words = spirv(&name).unwrap_or_else(|e| fail(1, e.to_string()));
+            // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders,
+            // the modules `Kernels::new` loads.
+            let module = unsafe { ShaderModule::new(dev.clone(), ShaderModuleCreateInfo::new(&words)) }
+                .unwrap_or_else(|e| fail(1, format!("shader module `{name}`: {e}")));
+            modules.push((name, kind, ty, batched, module));
+        }
+    }
+    // Statistic name -> the driver's description, in first-seen order.
+    let mut legend: Vec<(String, String)> = Vec::new();
+    // Building each tuning's kernels checks the tuning as the backend does, before any
+    // output; their layouts are reused (a layout depends on the module, not on the
+    // specialization constants).
+    let built: Vec<(MatmulTuning, Kernels)> = tunings
+        .into_iter()
+        .map(|t| (t, Kernels::new(dev, t).unwrap_or_else(|e| fail(2, format!("tuning {t:?}: {e}")))))
+        .collect();
+    for (t, kernels) in built {
+        let default = if t == d { " (default)" } else { "" };
+        println!("== tuning {t:?}{default}");
+        for (name, kind, ty, batched, module) in &modules {
+            let typed = if *ty == "bf16" { &kernels.bf16 } else { &kernels.f32 };
+            let kernel = match *kind {
+                "matvec" => &typed.matvec,
+                "matmul" => &typed.matmul,
+                "gate_up" => &typed.gate_up,
+                _ => &typed.gate_up_batched,
+            };
+            // As `Kernels::new` specialises them: (rows per lane group, unroll, lanes).
+            let spec = if *batched { [1, t.unroll.min(2), t.lanes] } else { [t.rows_m1, t.unroll, t.lanes] };
+            println!("{name} (rows {}, unroll {}, lanes {}):", spec[0], spec[1], spec[2]);
+            let exes = pipeline_stats(dev, module, &kernel.layout, spec)
+                .unwrap_or_else(|e| fail(1, format!("{name}: {e}")));
+            if exes.is_empty() {
+                println!("  (the driver reports no executables)");
+            }
+            for e in exes {
+                println!("  executable `{}` (subgroup {}): {}", e.name, e.subgroup_size, e.description);
+                if e.stats.is_empty() {
+                    println!("    (no statistics)");
+                }
+                for (stat, desc, value) in e.stats {
+                    println!("    {stat}: {value}");
+                    if !legend.iter().any(|(n, _)| *n == stat) {
+                        legend.push((stat, desc));
+                    }
+                }
+            }
+        }
+    }
+    if !legend.is_empty() {
+        println!("== statistics, as the driver describes them");
+        for (stat, desc) in legend {
+            println!("{stat}: {desc}");
+        }
+    }
+}
