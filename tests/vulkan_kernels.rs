@@ -282,7 +282,7 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
                         groups: e as u32,
                         ..down
                     };
-                    r.matmul(gw.dtype, true, gw.set(), a)?;
+                    r.down(gw.dtype, true, gw.set(), a)?;
                     for (i, &(s, n)) in segs.iter().enumerate() {
                         let a = MatmulArgs {
                             m: n,
@@ -292,7 +292,7 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
                             out_off: e_out,
                             ..down
                         };
-                        r.matmul(gw.dtype, n > 1, gw.set(), a)?;
+                        r.down(gw.dtype, n > 1, gw.set(), a)?;
                     }
                     Ok(())
                 },
@@ -311,11 +311,8 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
 fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let Some(ctx) = vulkan::context() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(15);
-    let tunings = [(1, 1), (2, 2), (4, 2), (3, 8), (2, 5)].map(|(rows_m1, unroll)| MatmulTuning {
-        lanes: 32,
-        rows_m1,
-        unroll,
-    });
+    let tunings = [(1, 1, 4), (2, 2, 1), (4, 2, 3), (3, 8, 2), (2, 5, 4)]
+        .map(|(rows_m1, unroll, rows_down)| MatmulTuning { lanes: 32, rows_m1, unroll, rows_down });
     let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2)];
     let data: Vec<_> = shapes
         .iter()
@@ -346,7 +343,15 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
                     };
                     let n = a.m as usize * rows;
                     h.matmul(&gw, a, batched, 1).unwrap();
-                    outs.push(bits(&h.read_act(300_000, n).unwrap()));
+                    let dense = bits(&h.read_act(300_000, n).unwrap());
+                    // The down projection's own m=1 pipeline (rows_down) gives the matvec's bytes.
+                    h.down(&gw, a, batched, 1).unwrap();
+                    let down = bits(&h.read_act(300_000, n).unwrap());
+                    assert!(
+                        dense == down,
+                        "tuning {t:?}: down projection differs from matvec ({rows}x{cols})"
+                    );
+                    outs.push(dense);
                     h.gate_up(&gw, &pair, a, batched, 1).unwrap();
                     outs.push(bits(&h.read_act(300_000, n).unwrap()));
                 }

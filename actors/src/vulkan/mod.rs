@@ -29,7 +29,7 @@ pub use allocator::{ArenaRegistry, VulkanAllocator};
 pub use context::{list_devices, DeviceInfo, VulkanContext};
 pub use executor::VulkanForward;
 pub use kv::VulkanKvCache;
-pub use pipelines::{spirv, Kernels};
+pub use pipelines::{spirv, Kernel, Kernels, TypedKernels};
 pub use runner::ExpertPath;
 
 use crate::forward::ForwardError;

@@ -34,21 +34,32 @@ pub struct MatmulTuning {
     pub rows_m1: u32,
     /// Weight chunks each lane loads before using them (1..=8).
     pub unroll: u32,
+    /// Rows per lane group of the m=1 expert down projection (1..=4): its rows are short
+    /// (the expert intermediate size), so more of them per workgroup keep a token's
+    /// experts in one wave of workgroups.
+    pub rows_down: u32,
 }
 
 impl Default for MatmulTuning {
-    /// One row per lane group and one chunk per load gave the fastest bf16 expert FFN
-    /// (gate/up 15.7 us against 16.8 us for 2 rows / 2 chunks) and the lowest
+    /// One row per lane group and one chunk per load gave the fastest bf16 expert
+    /// gate/up (15.7 us against 16.8 us for 2 rows / 2 chunks) and the lowest
     /// small-matvec floor on the H200, within 0.5 us of the best on the q_proj-sized
-    /// matvec and 3% on the LM head (`bench/results/vulkan-h200-kernels-2026-11-29d.txt`).
+    /// matvec and 3% on the LM head; 4 rows per lane group gave the fastest expert down
+    /// projection (9.9-10.0 us against 10.6-10.7 us for 1 row)
+    /// (`bench/results/vulkan-h200-kernels-2026-11-29d.txt`).
     fn default() -> Self {
-        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1 }
+        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, rows_down: 4 }
     }
 }
 
 /// One kernel: its pipeline and layout.
 #[derive(Clone)]
 pub struct Kernel {
+    /// The SPIR-V module it was built from (`shaders/shaders.txt`).
+    pub module: String,
+    /// Its specialization constants (rows per lane group, unroll, lanes) for the matmul
+    /// kernels.
+    pub spec: Option<[u32; 3]>,
     /// The compute pipeline.
     pub pipeline: Arc<ComputePipeline>,
     /// Its layout (set 0: the kernel's weights or caches; set 1: activations).
@@ -75,6 +86,9 @@ pub struct TypedKernels {
     pub gate_up: Kernel,
     /// Token-batched sibling of `gate_up`.
     pub gate_up_batched: Kernel,
+    /// The m=1 expert down projection: `matvec` with [`MatmulTuning::rows_down`] rows
+    /// per lane group (its batched sibling is `matmul`).
+    pub down: Kernel,
 }
 
 /// Every pipeline of the backend.
@@ -162,7 +176,7 @@ pub(crate) fn kernel(
         )));
     }
     let rows_per_wg = spec.map_or(1, |[rows, _, lanes]| WG_SIZE / lanes * rows);
-    Ok(Kernel { pipeline, layout, rows_per_wg })
+    Ok(Kernel { module: name.to_string(), spec, pipeline, layout, rows_per_wg })
 }
 
 impl Kernels {
@@ -172,6 +186,7 @@ impl Kernels {
         if !t.lanes.is_power_of_two()
             || !(2..=64).contains(&t.lanes)
             || !(1..=4).contains(&t.rows_m1)
+            || !(1..=4).contains(&t.rows_down)
             || !(1..=8).contains(&t.unroll)
         {
             return Err(VulkanError::Unsupported(format!("matmul tuning {t:?}")));
@@ -206,6 +221,12 @@ impl Kernels {
                 matmul: mm(&format!("matmul_{ty}"))?,
                 gate_up: m1(&format!("gate_up_{ty}"))?,
                 gate_up_batched: mm(&format!("gate_up_batched_{ty}"))?,
+                down: kernel(
+                    device,
+                    &act_layout,
+                    &format!("matvec_{ty}"),
+                    Some([t.rows_down, t.unroll, t.lanes]),
+                )?,
             })
         };
         Ok(Kernels {

@@ -166,6 +166,17 @@ impl Recorder {
         self.dispatch_typed(dtype, set, a, |t| if batched { &t.matmul } else { &t.matvec })
     }
 
+    /// The expert down projection (`batched`, or the m=1 kernel tuned for its short rows).
+    pub fn down(
+        &mut self,
+        dtype: DType,
+        batched: bool,
+        set: Arc<DescriptorSet>,
+        a: MatmulArgs,
+    ) -> Result<(), VulkanError> {
+        self.dispatch_typed(dtype, set, a, |t| if batched { &t.matmul } else { &t.down })
+    }
+
     /// The fused gate/up + SiLU product (`batched` or m=1 kernel).
     pub fn gate_up(
         &mut self,

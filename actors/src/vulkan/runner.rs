@@ -923,7 +923,7 @@ impl Runner {
                 flags: FLAG_SCATTER | FLAG_TABLE,
                 ..g
             };
-            rec.matmul(layout.dtype, batched, down, d)?;
+            rec.down(layout.dtype, batched, down, d)?;
             a = b;
         }
         match transfer {

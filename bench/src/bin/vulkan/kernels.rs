@@ -75,8 +75,12 @@ fn report(what: &str, secs: f64, bytes: f64) {
     );
 }
 
-/// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll).
-pub const TUNINGS: &[(u32, u32, u32)] = &[(32, 1, 1), (32, 2, 2), (32, 2, 1), (32, 4, 1)];
+/// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll, rows per
+/// lane group of the expert down projection).
+pub const TUNINGS: &[Tuning] = &[(32, 1, 1, 4), (32, 1, 1, 1), (32, 2, 2, 2), (32, 2, 1, 4)];
+
+/// A matmul tuning as the command line gives it: (lanes, rows, unroll, rows_down).
+pub type Tuning = (u32, u32, u32, u32);
 
 /// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
 /// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes
@@ -104,7 +108,7 @@ fn read_ceilings(h: &KernelHarness, max_range: u64) {
 
 /// `vulkan kernels [DEVICE] [LANES,ROWS,UNROLL ...]`: prints every figure for each of
 /// `tunings` (see the program's documentation).
-pub fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
+pub fn kernels(device: usize, tunings: &[Tuning]) {
     let ctx = VulkanContext::new(device).expect("device");
     println!(
         "device: {} ({}, Vulkan {}, subgroup {:?})",
@@ -113,8 +117,8 @@ pub fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
     // Qwen3-30B-A3B: hidden 2048, expert intermediate 768, 8 experts per token; 48
     // experts (6 groups of 8) so the L2 does not hold the weights.
     let (hid, inter, k, n_exp, tokens) = (2048usize, 768usize, 8usize, 48usize, 64usize);
-    for (ti, &(lanes, rows_m1, unroll)) in tunings.iter().enumerate() {
-        let tuning = MatmulTuning { lanes, rows_m1, unroll };
+    for (ti, &(lanes, rows_m1, unroll, rows_down)) in tunings.iter().enumerate() {
+        let tuning = MatmulTuning { lanes, rows_m1, unroll, rows_down };
         println!("== tuning {tuning:?}");
         let h = KernelHarness::with_tuning(ctx.clone(), 16 << 20, 1 << 16, tuning).expect("harness");
         if ti == 0 {
@@ -205,7 +209,7 @@ pub fn kernels(device: usize, tunings: &[(u32, u32, u32)]) {
                                     )?;
                                 }
                                 if with_dn {
-                                    r.matmul(
+                                    r.down(
                                         st.down.dtype,
                                         m > 1,
                                         st.down.set(),

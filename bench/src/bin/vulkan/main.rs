@@ -28,7 +28,7 @@ mod e2e;
 mod kernels;
 mod stats;
 
-use kernels::{kernels, TUNINGS};
+use kernels::{kernels, Tuning, TUNINGS};
 
 /// Prints `error: MSG` and ends the program with status `code`.
 fn fail(code: i32, msg: String) -> ! {
@@ -36,18 +36,18 @@ fn fail(code: i32, msg: String) -> ! {
     std::process::exit(code)
 }
 
-/// Tunings given after the device (`args[2..]`): LANES,ROWS,UNROLL each; a malformed one
-/// ends the program with status 2.
-fn parse_tunings(args: &[String]) -> Vec<(u32, u32, u32)> {
+/// Tunings given after the device (`args[2..]`): LANES,ROWS,UNROLL[,ROWS_DOWN] each
+/// (ROWS_DOWN defaults to ROWS); a malformed one ends the program with status 2.
+fn parse_tunings(args: &[String]) -> Vec<Tuning> {
     args.iter()
         .skip(2)
         .map(|t| {
-            let v: Vec<u32> = t.split(',').filter_map(|x| x.parse().ok()).collect();
-            if v.len() != 3 {
-                eprintln!("error: tuning `{t}` is not LANES,ROWS,UNROLL (three numbers)");
-                std::process::exit(2);
+            let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
+            match v.as_deref() {
+                Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows),
+                Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down),
+                _ => fail(2, format!("tuning `{t}` is not LANES,ROWS,UNROLL[,ROWS_DOWN] (numbers)")),
             }
-            (v[0], v[1], v[2])
         })
         .collect()
 }
@@ -70,7 +70,7 @@ fn main() {
         Some("diag") if args.len() >= 2 => e2e::diag(&args[1..]),
         _ => {
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [LANES,ROWS,UNROLL ...] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
+                "usage: vulkan kernels [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
             );
             std::process::exit(2);
         }

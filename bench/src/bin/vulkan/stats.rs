@@ -9,9 +9,10 @@ use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
 use vulkano::VulkanObject;
 
 use smoe_actors::vulkan::harness::MatmulTuning;
-use smoe_actors::vulkan::{spirv, Kernels, VulkanContext};
+use smoe_actors::vulkan::{spirv, Kernel, Kernels, TypedKernels, VulkanContext};
 
 use crate::fail;
+use crate::kernels::Tuning;
 
 /// What a driver reports about one executable (a compiled shader stage) of a pipeline.
 struct Executable {
@@ -153,7 +154,7 @@ fn pipeline_stats(
 
 /// `vulkan stats`: the driver's statistics for every matmul-family kernel, specialised
 /// for the default tuning and then each of `extra`.
-pub fn stats(device: usize, extra: &[(u32, u32, u32)]) {
+pub fn stats(device: usize, extra: &[Tuning]) {
     let ctx = VulkanContext::new(device).unwrap_or_else(|e| fail(1, e.to_string()));
     let dev = &ctx.device;
     if !dev.enabled_extensions().khr_pipeline_executable_properties
@@ -173,33 +174,16 @@ pub fn stats(device: usize, extra: &[(u32, u32, u32)]) {
     );
     let d = MatmulTuning::default();
     let mut tunings = vec![d];
-    for &(lanes, rows_m1, unroll) in extra {
-        let t = MatmulTuning { lanes, rows_m1, unroll };
+    for &(lanes, rows_m1, unroll, rows_down) in extra {
+        let t = MatmulTuning { lanes, rows_m1, unroll, rows_down };
         if !tunings.contains(&t) {
             tunings.push(t);
-        }
-    }
-    // (module, kernel of a `TypedKernels`, whether it is a token-batched kernel), in the
-    // order printed: matvec_f32, matvec_bf16, matmul_f32, ...
-    let mut modules = Vec::new();
-    for (kind, batched) in
-        [("matvec", false), ("matmul", true), ("gate_up", false), ("gate_up_batched", true)]
-    {
-        for ty in ["f32", "bf16"] {
-            let name = format!("{kind}_{ty}");
-            let words = spirv(&name).unwrap_or_else(|e| fail(1, e.to_string()));
-            // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders,
-            // the modules `Kernels::new` loads.
-            let module = unsafe { ShaderModule::new(dev.clone(), ShaderModuleCreateInfo::new(&words)) }
-                .unwrap_or_else(|e| fail(1, format!("shader module `{name}`: {e}")));
-            modules.push((name, kind, ty, batched, module));
         }
     }
     // Statistic name -> the driver's description, in first-seen order.
     let mut legend: Vec<(String, String)> = Vec::new();
     // Building each tuning's kernels checks the tuning as the backend does, before any
-    // output; their layouts are reused (a layout depends on the module, not on the
-    // specialization constants).
+    // output; each kernel names its module, specialization and layout.
     let built: Vec<(MatmulTuning, Kernels)> = tunings
         .into_iter()
         .map(|t| (t, Kernels::new(dev, t).unwrap_or_else(|e| fail(2, format!("tuning {t:?}: {e}")))))
@@ -207,18 +191,24 @@ pub fn stats(device: usize, extra: &[(u32, u32, u32)]) {
     for (t, kernels) in built {
         let default = if t == d { " (default)" } else { "" };
         println!("== tuning {t:?}{default}");
-        for (name, kind, ty, batched, module) in &modules {
-            let typed = if *ty == "bf16" { &kernels.bf16 } else { &kernels.f32 };
-            let kernel = match *kind {
-                "matvec" => &typed.matvec,
-                "matmul" => &typed.matmul,
-                "gate_up" => &typed.gate_up,
-                _ => &typed.gate_up_batched,
-            };
-            // As `Kernels::new` specialises them: (rows per lane group, unroll, lanes).
-            let spec = if *batched { [1, t.unroll.min(2), t.lanes] } else { [t.rows_m1, t.unroll, t.lanes] };
-            println!("{name} (rows {}, unroll {}, lanes {}):", spec[0], spec[1], spec[2]);
-            let exes = pipeline_stats(dev, module, &kernel.layout, spec)
+        let typed = |pick: fn(&TypedKernels) -> &Kernel| [pick(&kernels.f32), pick(&kernels.bf16)];
+        let all = [
+            ("", typed(|t| &t.matvec)),
+            ("", typed(|t| &t.matmul)),
+            ("", typed(|t| &t.gate_up)),
+            ("", typed(|t| &t.gate_up_batched)),
+            (" as the expert down projection", typed(|t| &t.down)),
+        ];
+        for (role, kernel) in all.iter().flat_map(|(role, ks)| ks.iter().map(move |k| (role, k))) {
+            let name = &kernel.module;
+            let spec = kernel.spec.unwrap_or_else(|| fail(1, format!("{name} has no matmul specialization")));
+            let words = spirv(name).unwrap_or_else(|e| fail(1, e.to_string()));
+            // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders,
+            // the modules `Kernels::new` loads.
+            let module = unsafe { ShaderModule::new(dev.clone(), ShaderModuleCreateInfo::new(&words)) }
+                .unwrap_or_else(|e| fail(1, format!("shader module `{name}`: {e}")));
+            println!("{name}{role} (rows {}, unroll {}, lanes {}):", spec[0], spec[1], spec[2]);
+            let exes = pipeline_stats(dev, &module, &kernel.layout, spec)
                 .unwrap_or_else(|e| fail(1, format!("{name}: {e}")));
             if exes.is_empty() {
                 println!("  (the driver reports no executables)");
