@@ -4,11 +4,14 @@
 #   bench/vulkan_gpu.sh pack DIR   (here) build the test binaries, the `vulkan` bench and
 #                                  the release `smoe-pipeline`, strip them and copy them
 #                                  with the fixtures and this script into DIR
-#   bash DIR/vulkan_gpu.sh run     (there) unpack the Vulkan loader from .gl/*.deb (see
+#   bash DIR/vulkan_gpu.sh run [quick]
+#                                  (there) unpack the Vulkan loader from .gl/*.deb (see
 #                                  the device README), run the kernel-identity and
-#                                  fixture tests, the bit-identity diagnosis, the kernel
-#                                  statistics and benchmarks and the end-to-end table;
-#                                  logs go to $OUT
+#                                  fixture tests, verify, the bit-identity diagnosis, the
+#                                  kernel statistics and benchmarks and the end-to-end
+#                                  table; logs go to $OUT. `quick` runs the fixture tests
+#                                  once instead of three times and skips the end-to-end
+#                                  table
 #
 # The test binaries look for fixtures and the binary under the path of the checkout they
 # were built in, so `run` recreates that path.
@@ -54,7 +57,8 @@ run)
   export SMOE_VULKAN_DEVICE=$D
   cd "$src"
   timeout 60 "$G/vulkan_kernels" --test-threads 1 2>&1 | tee "$OUT/tests.log" | grep -E "test |result"
-  for i in 1 2 3; do
+  reps=3; [ "${2:-}" = quick ] && reps=1
+  for i in $(seq "$reps"); do
     timeout 60 "$G/vulkan_forward" --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/tests.log" |
       grep -E "max \||test result|panicked|left|right"
   done
@@ -64,8 +68,9 @@ run)
     echo "== verify $f"
     timeout 120 "$G/smoe-pipeline" verify --vault "/tmp/$f.vault" --backend vulkan --device "$D" 2>&1 | tail -3 | tee -a "$OUT/verify.txt"
   done
-  timeout 60 "$G/vulkan" stats "$D" 32,2,2 32,4,1 2>&1 | tee "$OUT/stats.txt"
+  timeout 60 "$G/vulkan" stats "$D" 32,2,2,2 2>&1 | tee "$OUT/stats.txt"
   timeout 240 "$G/vulkan" kernels "$D" 2>&1 | tee "$OUT/bench_kernels.txt"
+  [ "${2:-}" = quick ] && exit 0
   timeout 60 "$G/smoe-pipeline" synth --preset qwen3-30b-a3b --layers 3 --out /tmp/q30 2>&1 | tail -1
   echo "== diag q30 (3 layers)"; timeout 120 "$G/vulkan" diag /tmp/q30 "$D" 2>&1 | tee -a "$OUT/diag.txt"
   timeout 90 "$G/vulkan" e2e /tmp/q30 256 32 64 128 "$D" resident 2>&1 | tee "$OUT/e2e.txt"
@@ -78,7 +83,7 @@ run)
   timeout 80 "$G/vulkan" e2e /tmp/q30 64 16 64 128 "$D" streamed 2>&1 | tee -a "$OUT/e2e.txt"
   ;;
 *)
-  echo "usage: $0 pack DIR | $0 run" >&2
+  echo "usage: $0 pack DIR | $0 run [quick]" >&2
   exit 2
   ;;
 esac

@@ -46,7 +46,7 @@ impl Default for MatmulTuning {
     /// small-matvec floor on the H200, within 0.5 us of the best on the q_proj-sized
     /// matvec and 3% on the LM head; 4 rows per lane group gave the fastest expert down
     /// projection (9.9-10.0 us against 10.6-10.7 us for 1 row)
-    /// (`bench/results/vulkan-h200-kernels-2026-11-29d.txt`).
+    /// (`bench/results/vulkan-h200-kernels-2026-11-29d.txt`, `-29e.txt`).
     fn default() -> Self {
         MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, rows_down: 4 }
     }
