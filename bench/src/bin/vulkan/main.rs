@@ -1,16 +1,18 @@
 //! Vulkan backend measurements.
 //!
-//! `vulkan kernels [DEVICE]`: per-kernel figures at Qwen3-30B-A3B shapes (hidden 2048,
-//! expert intermediate 768, 8 experts per token) for each matmul tuning in `TUNINGS`:
-//! achieved GB/s of the m=1 expert FFN (a token's 8 experts in one gate/up + SiLU and one
-//! down dispatch, as the executor records them) and of the m=1 dense matvec, with
-//! weights in device-local memory and (first tuning) in host-visible memory where ring
-//! slots live, and GFLOP/s of the batched expert FFN at 64 tokens per expert. Enough
+//! `vulkan kernels [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...]`: per-kernel figures at
+//! Qwen3-30B-A3B shapes (hidden 2048, expert intermediate 768, 8 experts per token) for
+//! each matmul tuning given (else those in `TUNINGS`): the memory-read ceiling and the
+//! chained-dispatch floor; achieved GB/s of the m=1 expert FFN (a token's 8 experts in
+//! one gate/up + SiLU and one down dispatch, as the executor records them, and each half
+//! alone) and of the m=1 dense matvec, with weights in device-local memory and (first
+//! tuning) in host-visible memory where ring slots live, and with the routing data in
+//! host memory; and GFLOP/s of the batched expert FFN at 64 tokens per expert. Enough
 //! distinct weights are cycled that the L2 cache does not hold them.
 //!
-//! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL ...]`: what the driver reports about each
-//! compiled matmul-family kernel (registers, spill/local memory, shared memory, ... as
-//! the driver names them) through VK_KHR_pipeline_executable_properties, for the default
+//! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...]`: what the driver reports
+//! about each compiled matmul-family kernel (registers, spill/local memory, shared
+//! memory, ... as the driver names them) through VK_KHR_pipeline_executable_properties, for the default
 //! tuning and any given ones, specialised as the backend specialises them. vulkano does
 //! not expose `CAPTURE_STATISTICS`, so these pipelines are created with raw calls. A
 //! device without the extension (lavapipe) gets a one-line error and exit status 2.
