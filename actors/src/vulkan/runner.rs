@@ -184,9 +184,36 @@ pub struct Runner {
     pub trace: Option<Vec<ClaimEvent>>,
     /// The router stage.
     router: Router,
+    /// Per-layer lists, sized once and reused (the hot path allocates none).
+    scratch: MoeScratch,
     handles: Vec<ExpertHandle>,
     /// Most blobs held at once (the ring's slot count: holding more would wait forever).
     hold_limit: usize,
+}
+
+/// The lists one MoE layer step builds, kept between layers so their capacity is reused.
+#[derive(Default)]
+struct MoeScratch {
+    /// (first pair, pair count) of each union member, in union order.
+    segs: Vec<(usize, usize)>,
+    /// The layer's union, in first-use order.
+    union: Vec<u16>,
+    /// The bound blob (ring slot or layer-slot range) of each held member of a batch.
+    blobs: Vec<Subbuffer<[u8]>>,
+    /// (buffer, window start, batch index) of each held member, sorted into windows.
+    order: Vec<(usize, u64, usize)>,
+}
+
+impl MoeScratch {
+    /// Lists with room for a union of `n` experts.
+    fn with_capacity(n: usize) -> Self {
+        MoeScratch {
+            segs: Vec::with_capacity(n),
+            union: Vec::with_capacity(n),
+            blobs: Vec::with_capacity(n),
+            order: Vec::with_capacity(n),
+        }
+    }
 }
 
 fn bind(
@@ -339,6 +366,7 @@ impl Runner {
             spec_depth: 0,
             trace: None,
             router,
+            scratch: MoeScratch::with_capacity(c.num_experts),
             handles: Vec::with_capacity(c.num_experts),
             hold_limit: hold_limit.max(1),
             ctx,
@@ -692,6 +720,21 @@ impl Runner {
         start: usize,
         m: usize,
     ) -> Result<(Recorder, Option<Arc<PrimaryAutoCommandBuffer>>), VulkanForwardError> {
+        let mut sc = std::mem::take(&mut self.scratch);
+        let out = self.moe_experts_in(&mut sc, l, start, m);
+        self.scratch = sc;
+        out
+    }
+
+    /// [`Runner::moe_experts`] with its lists in `sc`.
+    #[allow(clippy::type_complexity)]
+    fn moe_experts_in(
+        &mut self,
+        sc: &mut MoeScratch,
+        l: usize,
+        start: usize,
+        m: usize,
+    ) -> Result<(Recorder, Option<Arc<PrimaryAutoCommandBuffer>>), VulkanForwardError> {
         let model = self.model.clone();
         let c = &model.cfg;
         let (h, ne, k) = (c.hidden_size, c.num_experts, c.num_experts_per_tok);
@@ -708,7 +751,8 @@ impl Runner {
         };
         // Pair lists (token-major indices t·k + r routed to each expert, grouped in union
         // order, as the job holds them) and the routing weights.
-        let segs: Vec<(usize, usize)> = job.segments().collect();
+        sc.segs.clear();
+        sc.segs.extend(job.segments());
         {
             let mut rb = self.route_buf.write().map_err(verr("writing routing"))?;
             rb[..m * k].copy_from_slice(job.pairs());
@@ -717,21 +761,23 @@ impl Runner {
             }
         }
         let announced = job.announced();
-        let union = job.union().to_vec();
+        sc.union.clear();
+        sc.union.extend_from_slice(job.union());
         self.handles.clear();
         self.held_from = 0;
         let staged = self.staged(m);
         if staged {
-            self.write_stage_table(&segs)?;
+            self.write_stage_table(&sc.segs)?;
         }
         // Expert work is recorded in batches of at most `hold_limit` held blobs: when the
         // ring could not take another claim while all our handles are alive, the batch
         // so far is run and its handles dropped first.
         let mut batch = 0usize;
         let mut rec = self.recorder()?;
-        for (ui, &e) in union.iter().enumerate() {
+        for ui in 0..sc.union.len() {
+            let e = sc.union[ui];
             if ui >= announced && self.handles.len() >= self.hold_limit {
-                let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
+                let transfer = self.record_experts(&mut rec, l, m, batch, sc)?;
                 self.submit(rec, transfer, true)?;
                 self.handles.clear();
                 self.held_from = ui;
@@ -740,7 +786,7 @@ impl Runner {
             } else if staged && ui > batch && ui % self.stage_batch == 0 {
                 // Staged: this batch's upload and kernels go now, overlapping the next
                 // batch's claims and upload.
-                let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
+                let transfer = self.record_experts(&mut rec, l, m, batch, sc)?;
                 self.submit(rec, transfer, false)?;
                 rec = self.recorder()?;
                 batch = ui;
@@ -765,7 +811,7 @@ impl Runner {
                 }
             }
         }
-        let transfer = self.record_experts(&mut rec, l, m, batch, &segs)?;
+        let transfer = self.record_experts(&mut rec, l, m, batch, sc)?;
         let r = self.r;
         let (hu, ku) = (h as u32, k as u32);
         let kacc = self.kernels.accumulate.clone();
@@ -773,9 +819,9 @@ impl Runner {
         if let Some(job) = self.router.job() {
             job.place_bets(self.experts.as_ref());
         }
-        self.union_sizes[l] = union.len();
+        self.union_sizes[l] = sc.union.len();
         if m > 1 {
-            metrics::histogram!("smoe_union_size").record(union.len() as f64);
+            metrics::histogram!("smoe_union_size").record(sc.union.len() as f64);
         }
         Ok((rec, transfer))
     }
@@ -821,15 +867,16 @@ impl Runner {
         l: usize,
         m: usize,
         first: usize,
-        segs: &[(usize, usize)],
+        sc: &mut MoeScratch,
     ) -> Result<Option<Arc<PrimaryAutoCommandBuffer>>, VulkanError> {
+        let MoeScratch { segs, blobs, order, .. } = sc;
         let model = self.model.clone();
         let c = &model.cfg;
         let layout = *model.vault.expert_layout();
         let staged = self.staged(m);
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let handles = std::mem::take(&mut self.handles);
-        let mut blobs = Vec::with_capacity(handles.len());
+        blobs.clear();
         for (i, hnd) in handles[first - self.held_from..].iter().enumerate() {
             let ui = first + i;
             let src = self.blob_buffer(ui, &hnd[..])?;
@@ -864,11 +911,13 @@ impl Runner {
         // its experts (union positions first.., grouped by window; staged windows follow
         // union order, and their table is already written).
         let gran = if staged { self.stage_window() } else { self.window };
-        let mut order: Vec<(usize, u64, usize)> = blobs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (Arc::as_ptr(b.buffer()) as usize, b.offset() / gran * gran, i))
-            .collect();
+        order.clear();
+        order.extend(
+            blobs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (Arc::as_ptr(b.buffer()) as usize, b.offset() / gran * gran, i)),
+        );
         order.sort_unstable();
         let ds = layout.dtype.size() as u64;
         if !staged {
@@ -926,6 +975,8 @@ impl Runner {
             rec.down(layout.dtype, batched, down, d)?;
             a = b;
         }
+        // The recorder holds what it binds; the list keeps only its capacity.
+        blobs.clear();
         match transfer {
             Some(t) => Ok(Some(t.build().map_err(verr("recording a staging upload"))?)),
             None => Ok(None),
