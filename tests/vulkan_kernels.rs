@@ -345,7 +345,8 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
                     h.matmul(&gw, a, batched, 1).unwrap();
                     let dense = bits(&h.read_act(300_000, n).unwrap());
                     // The down projection's own m=1 pipeline (rows_down) gives the matvec's bytes.
-                    h.down(&gw, a, batched, 1).unwrap();
+                    let da = MatmulArgs { rows: rows as u32, cols: cols as u32, ..a };
+                    h.run(|r| r.down(gw.dtype, batched, gw.set(), da), 1).unwrap();
                     let down = bits(&h.read_act(300_000, n).unwrap());
                     assert!(
                         dense == down,

@@ -229,19 +229,6 @@ impl KernelHarness {
         self.run(|r| r.matmul(w.dtype, batched, w.set.clone(), a), reps)
     }
 
-    /// The expert down projection of `w` (`batched`, or the m=1 kernel with the
-    /// tuning's `rows_down`), rows and cols taken from `w`.
-    pub fn down(
-        &self,
-        w: &TestWeight,
-        a: MatmulArgs,
-        batched: bool,
-        reps: usize,
-    ) -> Result<Duration, VulkanError> {
-        let a = MatmulArgs { rows: w.rows as u32, cols: w.cols as u32, ..a };
-        self.run(|r| r.down(w.dtype, batched, w.set.clone(), a), reps)
-    }
-
     /// The fused gate/up + SiLU kernel over `gate`/`up` (bound by [`KernelHarness::pair`]).
     pub fn gate_up(
         &self,
