@@ -24,14 +24,9 @@ fn opts(ring_slots: usize) -> EngineOptions {
     EngineOptions { max_context: 256, ring: RingSize::Slots(ring_slots), ..Default::default() }
 }
 
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
+/// The greedy token of `logits`.
+fn argmax(logits: &[f32]) -> u32 {
+    smoe_actors::sampler::argmax(logits) as u32
 }
 
 /// Prefills `prompt[..n-1]` in blocks of `chunk`, then decodes `steps` greedy tokens;

@@ -10,7 +10,8 @@ use rand_chacha::ChaCha8Rng;
 use smoe_actors::kernels;
 use smoe_actors::tensor::{WeightData, WeightView};
 use smoe_actors::vulkan::harness::{
-    KernelHarness, MatmulArgs, MatmulTuning, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
+    KernelHarness, MatmulArgs, MatmulTuning, Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER,
+    FLAG_TABLE,
 };
 
 const SHAPES: &[(usize, usize, usize)] = &[
@@ -242,7 +243,7 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
                         groups: e as u32,
                         ..base
                     };
-                    r.gate_up(gw.dtype, true, pair.clone(), a)?;
+                    r.matmul(Projection::GateUp, gw.dtype, true, pair.clone(), a)?;
                     for (i, &(s, n)) in segs.iter().enumerate() {
                         let off = (i * rows * cols) as u32;
                         let a = MatmulArgs {
@@ -254,7 +255,7 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
                             flags: FLAG_GATHER,
                             ..base
                         };
-                        r.gate_up(gw.dtype, n > 1, pair.clone(), a)?;
+                        r.matmul(Projection::GateUp, gw.dtype, n > 1, pair.clone(), a)?;
                     }
                     Ok(())
                 },
@@ -282,7 +283,7 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
                         groups: e as u32,
                         ..down
                     };
-                    r.down(gw.dtype, true, gw.set(), a)?;
+                    r.matmul(Projection::Down, gw.dtype, true, gw.set(), a)?;
                     for (i, &(s, n)) in segs.iter().enumerate() {
                         let a = MatmulArgs {
                             m: n,
@@ -292,7 +293,7 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
                             out_off: e_out,
                             ..down
                         };
-                        r.down(gw.dtype, n > 1, gw.set(), a)?;
+                        r.matmul(Projection::Down, gw.dtype, n > 1, gw.set(), a)?;
                     }
                     Ok(())
                 },
@@ -346,7 +347,7 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
                     let dense = bits(&h.read_act(300_000, n).unwrap());
                     // The down projection's own m=1 pipeline (rows_down) gives the matvec's bytes.
                     let da = MatmulArgs { rows: rows as u32, cols: cols as u32, ..a };
-                    h.run(|r| r.down(gw.dtype, batched, gw.set(), da), 1).unwrap();
+                    h.run(|r| r.matmul(Projection::Down, gw.dtype, batched, gw.set(), da), 1).unwrap();
                     let down = bits(&h.read_act(300_000, n).unwrap());
                     assert!(
                         dense == down,

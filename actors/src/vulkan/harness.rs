@@ -18,7 +18,9 @@ use super::record::{set0, typed};
 use super::VulkanError;
 use crate::tensor::WeightView;
 
-pub use super::record::{MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
+pub use super::record::{
+    MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
+};
 pub use vulkano::descriptor_set::DescriptorSet;
 
 /// A weight matrix on the device, bound whole (it must fit one storage-buffer range).
@@ -226,7 +228,7 @@ impl KernelHarness {
         reps: usize,
     ) -> Result<Duration, VulkanError> {
         let a = MatmulArgs { rows: w.rows as u32, cols: w.cols as u32, ..a };
-        self.run(|r| r.matmul(w.dtype, batched, w.set.clone(), a), reps)
+        self.run(|r| r.matmul(Projection::Dense, w.dtype, batched, w.set.clone(), a), reps)
     }
 
     /// The fused gate/up + SiLU kernel over `gate`/`up` (bound by [`KernelHarness::pair`]).
@@ -239,6 +241,6 @@ impl KernelHarness {
         reps: usize,
     ) -> Result<Duration, VulkanError> {
         let a = MatmulArgs { rows: gate.rows as u32, cols: gate.cols as u32, ..a };
-        self.run(|r| r.gate_up(gate.dtype, batched, pair.clone(), a), reps)
+        self.run(|r| r.matmul(Projection::GateUp, gate.dtype, batched, pair.clone(), a), reps)
     }
 }

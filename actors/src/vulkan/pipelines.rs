@@ -64,11 +64,15 @@ pub struct Kernel {
     pub pipeline: Arc<ComputePipeline>,
     /// Its layout (set 0: the kernel's weights or caches; set 1: activations).
     pub layout: Arc<PipelineLayout>,
-    /// Output rows one workgroup computes (matmul kernels; 1 for the others).
-    pub rows_per_wg: u32,
 }
 
 impl Kernel {
+    /// Output rows one workgroup computes: lane groups × rows per lane group for the
+    /// matmul kernels, 1 for the others.
+    pub fn rows_per_wg(&self) -> u32 {
+        self.spec.map_or(1, |[rows, _, lanes]| WG_SIZE / lanes * rows)
+    }
+
     /// Layout of the kernel's own descriptor set (set 0).
     pub fn set0(&self) -> Arc<DescriptorSetLayout> {
         self.layout.set_layouts()[0].clone()
@@ -175,8 +179,7 @@ pub(crate) fn kernel(
             "checking kernel `{name}`: its write to the activation arena is not visible to barrier tracking"
         )));
     }
-    let rows_per_wg = spec.map_or(1, |[rows, _, lanes]| WG_SIZE / lanes * rows);
-    Ok(Kernel { module: name.to_string(), spec, pipeline, layout, rows_per_wg })
+    Ok(Kernel { module: name.to_string(), spec, pipeline, layout })
 }
 
 impl Kernels {

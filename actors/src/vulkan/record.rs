@@ -81,7 +81,32 @@ impl MatmulArgs {
 
     fn groups(&self, k: &Kernel) -> [u32; 3] {
         let y = if self.flags & FLAG_TABLE != 0 { self.groups } else { 1 };
-        [self.rows.div_ceil(k.rows_per_wg), y, 1]
+        [self.rows.div_ceil(k.rows_per_wg()), y, 1]
+    }
+}
+
+/// Which matmul-family product a dispatch computes; each has an m=1 kernel and a
+/// token-batched sibling with the same summation order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Projection {
+    /// `W · x` with dense weights (`matvec` / `matmul`).
+    Dense,
+    /// The fused gate/up + SiLU front half of an FFN (`gate_up` / `gate_up_batched`).
+    GateUp,
+    /// The expert down projection (`down`, tuned for its short rows / `matmul`).
+    Down,
+}
+
+impl Projection {
+    /// The kernel of `t` that computes this product (`batched` or m=1).
+    fn kernel(self, t: &TypedKernels, batched: bool) -> &Kernel {
+        match (self, batched) {
+            (Projection::Dense, false) => &t.matvec,
+            (Projection::Down, false) => &t.down,
+            (Projection::Dense | Projection::Down, true) => &t.matmul,
+            (Projection::GateUp, false) => &t.gate_up,
+            (Projection::GateUp, true) => &t.gate_up_batched,
+        }
     }
 }
 
@@ -155,48 +180,17 @@ impl Recorder {
         Ok(())
     }
 
-    /// A matmul (`batched`) or matvec over `a.rows` rows.
+    /// One `p` product over `a.rows` rows of the weights bound in `set`: the token-batched
+    /// kernel (`batched`) or the m=1 one, which give the same bytes.
     pub fn matmul(
         &mut self,
+        p: Projection,
         dtype: DType,
         batched: bool,
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        self.dispatch_typed(dtype, set, a, |t| if batched { &t.matmul } else { &t.matvec })
-    }
-
-    /// The expert down projection (`batched`, or the m=1 kernel tuned for its short rows).
-    pub fn down(
-        &mut self,
-        dtype: DType,
-        batched: bool,
-        set: Arc<DescriptorSet>,
-        a: MatmulArgs,
-    ) -> Result<(), VulkanError> {
-        self.dispatch_typed(dtype, set, a, |t| if batched { &t.matmul } else { &t.down })
-    }
-
-    /// The fused gate/up + SiLU product (`batched` or m=1 kernel).
-    pub fn gate_up(
-        &mut self,
-        dtype: DType,
-        batched: bool,
-        set: Arc<DescriptorSet>,
-        a: MatmulArgs,
-    ) -> Result<(), VulkanError> {
-        self.dispatch_typed(dtype, set, a, |t| if batched { &t.gate_up_batched } else { &t.gate_up })
-    }
-
-    /// The matmul-family kernel `pick` chooses for `dtype`, over the weights bound in `set`.
-    fn dispatch_typed(
-        &mut self,
-        dtype: DType,
-        set: Arc<DescriptorSet>,
-        a: MatmulArgs,
-        pick: impl Fn(&TypedKernels) -> &Kernel,
-    ) -> Result<(), VulkanError> {
-        let k = pick(typed(&self.kernels, dtype)).clone();
+        let k = p.kernel(typed(&self.kernels, dtype), batched).clone();
         self.dispatch(&k, Some(set), a.words(), a.groups(&k))
     }
 

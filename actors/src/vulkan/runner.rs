@@ -23,7 +23,9 @@ use super::buffers::{device_buffer, host_buffer, upload_buffer, upload_f32, verr
 use super::context::VulkanContext;
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
-use super::record::{set0, MatmulArgs, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
+use super::record::{
+    set0, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
+};
 use super::{VulkanError, VulkanForwardError};
 use crate::forward::{ClaimEvent, ClaimTally, ForwardError};
 use crate::model::{FfnRefs, Model};
@@ -475,7 +477,7 @@ impl Runner {
             a.rows = rg.rows as u32;
             a.cols = w.w.cols as u32;
             a.out_off = base + rg.row0 as u32;
-            rec.matmul(w.w.dtype, batched, set.clone(), a)?;
+            rec.matmul(Projection::Dense, w.w.dtype, batched, set.clone(), a)?;
         }
         Ok(())
     }
@@ -547,7 +549,7 @@ impl Runner {
                 out_stride: inter,
                 ..Default::default()
             };
-            rec.gate_up(*dtype, m > 1, set.clone(), a)?;
+            rec.matmul(Projection::GateUp, *dtype, m > 1, set.clone(), a)?;
         }
         let a = MatmulArgs {
             m: mu,
@@ -579,7 +581,7 @@ impl Runner {
         let end = (start + len).min(whole.len()) / 4 * 4;
         let win = whole.slice(start..end);
         let t = super::record::typed(&self.kernels, self.model.vault.expert_layout().dtype);
-        let down = set0(&self.ctx, &t.matvec, std::slice::from_ref(&win))?;
+        let down = set0(&self.ctx, &t.down, std::slice::from_ref(&win))?;
         let gu = set0(&self.ctx, &t.gate_up, &[win.clone(), win])?;
         self.window_sets.insert(key, (down.clone(), gu.clone()));
         Ok((down, gu))
@@ -960,7 +962,7 @@ impl Runner {
                 groups: (b - a) as u32,
                 ..Default::default()
             };
-            rec.gate_up(layout.dtype, batched, gu, g)?;
+            rec.matmul(Projection::GateUp, layout.dtype, batched, gu, g)?;
             let d = MatmulArgs {
                 rows: hu,
                 cols: inter,
@@ -972,7 +974,7 @@ impl Runner {
                 flags: FLAG_SCATTER | FLAG_TABLE,
                 ..g
             };
-            rec.down(layout.dtype, batched, down, d)?;
+            rec.matmul(Projection::Down, layout.dtype, batched, down, d)?;
             a = b;
         }
         // The recorder holds what it binds; the list keeps only its capacity.

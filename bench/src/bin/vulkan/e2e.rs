@@ -17,14 +17,9 @@ struct Rates {
     decode: f64,
 }
 
-fn argmax(l: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[b] {
-            b = i;
-        }
-    }
-    b as u32
+/// The greedy token of `logits`.
+fn argmax(logits: &[f32]) -> u32 {
+    smoe_actors::sampler::argmax(logits) as u32
 }
 
 /// Prefills `prompt` in chunks of `fwd.max_rows()` and decodes `decode` greedy tokens,

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use smoe_actors::tensor::{WeightData, WeightView};
 use smoe_actors::vulkan::harness::{
-    DescriptorSet, KernelHarness, MatmulArgs, MatmulTuning, Recorder, TestWeight, FLAG_GATHER, FLAG_TABLE,
+    DescriptorSet, KernelHarness, MatmulArgs, MatmulTuning, Projection, Recorder, TestWeight, FLAG_GATHER,
+    FLAG_TABLE,
 };
 use smoe_actors::vulkan::{VulkanContext, VulkanError};
 
@@ -197,24 +198,18 @@ pub fn kernels(device: usize, tunings: &[Tuning]) {
                         &[(true, true, "", 1.0)]
                     };
                     for &(with_gu, with_dn, part, share) in parts {
+                        let halves = [
+                            (with_gu, Projection::GateUp, st.pair.clone(), gu),
+                            (with_dn, Projection::Down, st.down.set(), dn),
+                        ];
                         let secs = time(hh, |r| {
                             for g in 0..n_exp / k {
                                 let tab_off = (tab + 3 * k * g) as u32;
-                                if with_gu {
-                                    r.gate_up(
-                                        st.gate.dtype,
-                                        m > 1,
-                                        st.pair.clone(),
-                                        MatmulArgs { tab_off, ..gu },
-                                    )?;
-                                }
-                                if with_dn {
-                                    r.down(
-                                        st.down.dtype,
-                                        m > 1,
-                                        st.down.set(),
-                                        MatmulArgs { tab_off, ..dn },
-                                    )?;
+                                for (on, p, set, args) in &halves {
+                                    if *on {
+                                        let a = MatmulArgs { tab_off, ..*args };
+                                        r.matmul(*p, st.gate.dtype, m > 1, set.clone(), a)?;
+                                    }
                                 }
                             }
                             Ok(())
@@ -256,7 +251,7 @@ pub fn kernels(device: usize, tunings: &[Tuning]) {
                 };
                 let secs = time(&h, |r| {
                     for w in &ws {
-                        r.matmul(w.dtype, false, w.set(), a)?;
+                        r.matmul(Projection::Dense, w.dtype, false, w.set(), a)?;
                     }
                     Ok(())
                 }) / n as f64;

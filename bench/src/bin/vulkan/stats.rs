@@ -38,42 +38,39 @@ fn check(what: &str, r: vk::Result) -> Result<(), String> {
     }
 }
 
+/// The count-then-fill idiom: `call(count, null)` for the count, then `call(count,
+/// array)` with that many default structures (their sType set); `what` names the call
+/// in errors.
+fn enumerate<T: Default + Clone>(
+    what: &str,
+    mut call: impl FnMut(&mut u32, *mut T) -> vk::Result,
+) -> Result<Vec<T>, String> {
+    let mut n = 0u32;
+    check(what, call(&mut n, ptr::null_mut()))?;
+    let mut items = vec![T::default(); n as usize];
+    check(what, call(&mut n, items.as_mut_ptr()))?;
+    items.truncate(n as usize);
+    Ok(items)
+}
+
 /// The executables of `pipeline` (created with `CAPTURE_STATISTICS_KHR` on `device`,
 /// which has VK_KHR_pipeline_executable_properties and `pipelineExecutableInfo` enabled)
 /// and their statistics.
 fn executables(device: &Device, pipeline: vk::Pipeline) -> Result<Vec<Executable>, String> {
     let f = &device.fns().khr_pipeline_executable_properties;
     let info = vk::PipelineInfoKHR::default().pipeline(pipeline);
-    let mut n = 0u32;
-    // SAFETY: the extension is enabled on `device` (checked by the caller), `pipeline` is a
-    // live pipeline of it, and a null array asks only for the count.
-    let r = unsafe {
-        (f.get_pipeline_executable_properties_khr)(device.handle(), &info, &mut n, ptr::null_mut())
-    };
-    check("vkGetPipelineExecutablePropertiesKHR", r)?;
-    let mut props = vec![vk::PipelineExecutablePropertiesKHR::default(); n as usize];
-    // SAFETY: as above; `props` holds `n` structures with their sType set (`default()`).
-    let r = unsafe {
-        (f.get_pipeline_executable_properties_khr)(device.handle(), &info, &mut n, props.as_mut_ptr())
-    };
-    check("vkGetPipelineExecutablePropertiesKHR", r)?;
-    props.truncate(n as usize);
+    // SAFETY: the extension is enabled on `device` (checked by the caller) and `pipeline`
+    // is a live pipeline of it; `enumerate` passes a null array or one of `n` structures.
+    let props = enumerate("vkGetPipelineExecutablePropertiesKHR", |n, out| unsafe {
+        (f.get_pipeline_executable_properties_khr)(device.handle(), &info, n, out)
+    })?;
     let mut out = Vec::new();
     for (i, p) in props.iter().enumerate() {
         let exe = vk::PipelineExecutableInfoKHR::default().pipeline(pipeline).executable_index(i as u32);
-        let mut m = 0u32;
         // SAFETY: as above; `i` is below the executable count the driver reported.
-        let r = unsafe {
-            (f.get_pipeline_executable_statistics_khr)(device.handle(), &exe, &mut m, ptr::null_mut())
-        };
-        check("vkGetPipelineExecutableStatisticsKHR", r)?;
-        let mut stats = vec![vk::PipelineExecutableStatisticKHR::default(); m as usize];
-        // SAFETY: as above; `stats` holds `m` structures with their sType set.
-        let r = unsafe {
-            (f.get_pipeline_executable_statistics_khr)(device.handle(), &exe, &mut m, stats.as_mut_ptr())
-        };
-        check("vkGetPipelineExecutableStatisticsKHR", r)?;
-        stats.truncate(m as usize);
+        let stats = enumerate("vkGetPipelineExecutableStatisticsKHR", |n, out| unsafe {
+            (f.get_pipeline_executable_statistics_khr)(device.handle(), &exe, n, out)
+        })?;
         let stats = stats
             .iter()
             .map(|s| {
