@@ -3,12 +3,14 @@
 //! stages without copying them.
 
 pub mod error;
+pub mod ggml;
 pub mod handle;
 pub mod messages;
 pub mod model_config;
 pub mod vault_format;
 
 pub use error::VaultError;
+pub use ggml::GgmlType;
 pub use handle::{ExpertHandle, ExpertKey, ExpertSource, SlotOwner};
 pub use messages::{ClaimInfo, Priority, ReadRequest};
 pub use model_config::ModelConfig;
