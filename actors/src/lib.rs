@@ -3,6 +3,7 @@
 //! scheduler, GPU executor) are actors built on these.
 
 pub mod blob_check;
+pub mod cpu;
 pub mod engine;
 pub mod executor;
 pub mod forward;

@@ -1,0 +1,3 @@
+//! CPU backend pieces: ggml block formats (exact dequantisation and fused dot products).
+
+pub mod quant;
