@@ -5,6 +5,7 @@ mod config;
 mod convert;
 mod devices;
 mod generate;
+mod gguf_info;
 mod serve;
 mod synth;
 mod tokenizer;
@@ -56,6 +57,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Devices(a) => devices::run(&a),
+        Command::GgufInfo(a) => gguf_info::run(&a),
     }
 }
 

@@ -129,9 +129,16 @@ impl Kernel {
         }
     }
 
-    /// The fused dot product of a row whose size is known to match `x`.
+    /// The fused dot product of a row whose size is known to match `x`, on the widest
+    /// instructions the CPU has.
     fn dot(self, bytes: &[u8], x: &[f32]) -> f32 {
+        self.dot_on(Isa::detect(), bytes, x)
+    }
+
+    /// [`Kernel::dot`] on the instructions of `isa` (every `isa` gives the same bits).
+    fn dot_on(self, isa: Isa, bytes: &[u8], x: &[f32]) -> f32 {
         match self {
+            // The f32/bf16 kernels pick their own width; unaligned rows go element-wise.
             Kernel::F32 => match bytemuck::try_cast_slice::<u8, f32>(bytes) {
                 Ok(w) => dot_f32(w, x),
                 Err(_) => dot_plain(bytes, x, 4, f32_le),
@@ -140,13 +147,38 @@ impl Kernel {
                 Ok(w) => dot_bf16(w, x),
                 Err(_) => dot_plain(bytes, x, 2, bf16_le),
             },
-            Kernel::F16 => dot_f16(bytes, x),
-            Kernel::Q8_0 => dot_blocks::<Q8_0>(bytes, x),
-            Kernel::Q4_0 => dot_blocks::<Q4_0>(bytes, x),
-            Kernel::Q4K => dot_blocks::<Q4K>(bytes, x),
-            Kernel::Q5K => dot_blocks::<Q5K>(bytes, x),
-            Kernel::Q6K => dot_blocks::<Q6K>(bytes, x),
+            Kernel::F16 => dot_f16(isa, bytes, x),
+            Kernel::Q8_0 => dot_blocks::<Q8_0>(isa, bytes, x),
+            Kernel::Q4_0 => dot_blocks::<Q4_0>(isa, bytes, x),
+            Kernel::Q4K => dot_blocks::<Q4K>(isa, bytes, x),
+            Kernel::Q5K => dot_blocks::<Q5K>(isa, bytes, x),
+            Kernel::Q6K => dot_blocks::<Q6K>(isa, bytes, x),
         }
+    }
+}
+
+/// The instructions a fused dot product may use. `Avx2` is made only by
+/// [`Isa::detect`], on a CPU that has AVX2 (`f16c`: and F16C).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// 8-wide AVX2 (multiply, then add: never FMA).
+    #[cfg(target_arch = "x86_64")]
+    Avx2 {
+        /// F16C conversions are available too.
+        f16c: bool,
+    },
+}
+
+impl Isa {
+    /// The widest path the running CPU supports (feature checks are cached by std).
+    fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            return Isa::Avx2 { f16c: std::is_x86_feature_detected!("f16c") };
+        }
+        Isa::Portable
     }
 }
 
@@ -225,17 +257,17 @@ impl<'a> QuantMatrix<'a> {
         if out.len() != self.rows {
             return Err(QuantError::Length { what: "output", expected: self.rows, found: out.len() });
         }
-        let (rb, kernel) = (self.row_bytes, self.kernel);
+        let (rb, kernel, isa) = (self.row_bytes, self.kernel, Isa::detect());
         if self.rows.saturating_mul(self.cols) < PAR_THRESHOLD {
             for (o, w) in out.iter_mut().zip(self.data.chunks_exact(rb)) {
-                *o = kernel.dot(w, x);
+                *o = kernel.dot_on(isa, w, x);
             }
         } else {
             let block = (PAR_THRESHOLD / self.cols.max(1)).clamp(1, 256);
             out.par_chunks_mut(block).zip(self.data.par_chunks(block.saturating_mul(rb))).for_each(
                 |(o, w)| {
                     for (o, w) in o.iter_mut().zip(w.chunks_exact(rb)) {
-                        *o = kernel.dot(w, x);
+                        *o = kernel.dot_on(isa, w, x);
                     }
                 },
             );
@@ -300,13 +332,13 @@ fn dot_plain(bytes: &[u8], x: &[f32], size: usize, elem: fn(&[u8]) -> f32) -> f3
 }
 
 /// f16 rows: converted 16 at a time with F16C where the CPU has it (exact, as `half`).
-fn dot_f16(bytes: &[u8], x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
-        // SAFETY: AVX2 and F16C are present; `bytes` holds `x.len()` f16 values.
-        return unsafe { avx2::dot_f16(bytes, x) };
+fn dot_f16(isa: Isa, bytes: &[u8], x: &[f32]) -> f32 {
+    match isa {
+        // SAFETY: `Isa::detect` found AVX2 and F16C; `bytes` holds `x.len()` f16 values.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 { f16c: true } => unsafe { avx2::dot_f16(bytes, x) },
+        _ => dot_plain(bytes, x, 2, f16_le),
     }
-    dot_plain(bytes, x, 2, f16_le)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -336,13 +368,13 @@ fn decode_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-fn dot_blocks<F: BlockFormat>(bytes: &[u8], x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present; `bytes` holds whole blocks for `x.len()` elements.
-        return unsafe { avx2::dot_blocks::<F>(bytes, x) };
+fn dot_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], x: &[f32]) -> f32 {
+    match isa {
+        Isa::Portable => dot_blocks_portable::<F>(bytes, x),
+        // SAFETY: `Isa::detect` found AVX2; `bytes` holds whole blocks for `x.len()` elements.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 { .. } => unsafe { avx2::dot_blocks::<F>(bytes, x) },
     }
-    dot_blocks_portable::<F>(bytes, x)
 }
 
 /// The portable fused dot product: each block decoded into a stack buffer by the very
@@ -740,17 +772,7 @@ mod tests {
     }
 
     fn portable_dot(ty: GgmlType, bytes: &[u8], x: &[f32]) -> f32 {
-        match ty {
-            GgmlType::F32 => dot_plain(bytes, x, 4, f32_le),
-            GgmlType::F16 => dot_plain(bytes, x, 2, f16_le),
-            GgmlType::Bf16 => dot_plain(bytes, x, 2, bf16_le),
-            GgmlType::Q8_0 => dot_blocks_portable::<Q8_0>(bytes, x),
-            GgmlType::Q4_0 => dot_blocks_portable::<Q4_0>(bytes, x),
-            GgmlType::Q4K => dot_blocks_portable::<Q4K>(bytes, x),
-            GgmlType::Q5K => dot_blocks_portable::<Q5K>(bytes, x),
-            GgmlType::Q6K => dot_blocks_portable::<Q6K>(bytes, x),
-            _ => unreachable!(),
-        }
+        Kernel::of(ty).unwrap().dot_on(Isa::Portable, bytes, x)
     }
 
     #[test]
