@@ -261,7 +261,7 @@ impl GgmlType {
     /// of blocks or the size does not fit in `usize`.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
         let tr = self.traits();
-        if cols % tr.block_elems != 0 {
+        if !cols.is_multiple_of(tr.block_elems) {
             return None;
         }
         (cols / tr.block_elems).checked_mul(tr.block_bytes)

@@ -161,6 +161,9 @@ pub enum GgufError {
 
 type Result<T> = std::result::Result<T, GgufError>;
 
+/// Metadata keys and values in file order.
+type Metadata = Vec<(String, Value)>;
+
 /// Type code of a metadata value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ValueType {
@@ -403,7 +406,7 @@ pub struct Part {
 #[derive(Debug)]
 pub struct GgufFile {
     parts: Vec<Part>,
-    metadata: Vec<(String, Value)>,
+    metadata: Metadata,
     keys: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
@@ -606,7 +609,7 @@ fn check_split_keys(path: &Path, metadata: &[(String, Value)], index: usize, cou
 }
 
 /// Reads one file's header, metadata and tensor infos; checks every tensor's extent.
-fn read_part(path: &Path, index: usize) -> Result<(Part, Vec<(String, Value)>, Vec<TensorInfo>)> {
+fn read_part(path: &Path, index: usize) -> Result<(Part, Metadata, Vec<TensorInfo>)> {
     let io = |source| GgufError::Io { path: path.to_path_buf(), source };
     let file = File::open(path).map_err(io)?;
     // SAFETY: GGUF input is read-only; it must not change while it is converted.
@@ -810,7 +813,7 @@ impl<'a> Reader<'a> {
             tensor: name.clone(),
             id,
         })?;
-        if offset % alignment != 0 {
+        if !offset.is_multiple_of(alignment) {
             return Err(self.invalid(
                 &what,
                 at,

@@ -156,13 +156,23 @@ fn gstr(s: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A tensor as written: its info fields, its data, and an offset to write instead of
+/// the computed one.
+#[derive(Clone)]
+struct RawTensor {
+    name: String,
+    dims: Vec<u64>,
+    id: u32,
+    data: Vec<u8>,
+    offset: Option<u64>,
+}
+
 /// A GGUF file under construction: raw metadata pairs and tensors.
 #[derive(Clone)]
 struct Builder {
     version: u32,
     kv: Vec<(Vec<u8>, u32, Vec<u8>)>,
-    /// name, dims, type id, data, offset override.
-    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>, Option<u64>)>,
+    tensors: Vec<RawTensor>,
     alignment: u64,
 }
 
@@ -183,7 +193,13 @@ impl Builder {
     fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType) -> Builder {
         let elems: u64 = dims.iter().product();
         let size = (elems / ty.block_elems() as u64 * ty.block_bytes() as u64) as usize;
-        self.tensors.push((name.to_string(), dims.to_vec(), ty.id(), vec![0x11; size], None));
+        self.tensors.push(RawTensor {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            id: ty.id(),
+            data: vec![0x11; size],
+            offset: None,
+        });
         self
     }
 
@@ -199,15 +215,15 @@ impl Builder {
         }
         // Tensor data aligned, the file ending where the last tensor ends.
         let mut data = Vec::new();
-        for (name, dims, id, bytes, at) in &self.tensors {
+        for t in &self.tensors {
             let offset = (data.len() as u64).next_multiple_of(self.alignment);
             data.resize(offset as usize, 0);
-            data.extend(bytes);
-            b.extend(gstr(name.as_bytes()));
-            b.extend((dims.len() as u32).to_le_bytes());
-            dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
-            b.extend(id.to_le_bytes());
-            b.extend(at.unwrap_or(offset).to_le_bytes());
+            data.extend(&t.data);
+            b.extend(gstr(t.name.as_bytes()));
+            b.extend((t.dims.len() as u32).to_le_bytes());
+            t.dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+            b.extend(t.id.to_le_bytes());
+            b.extend(t.offset.unwrap_or(offset).to_le_bytes());
         }
         b.resize((b.len() as u64).next_multiple_of(self.alignment) as usize, 0);
         b.extend(data);
@@ -319,23 +335,23 @@ fn metadata_errors() {
 fn tensor_info_errors() {
     let one = |dims: &[u64], ty: GgmlType| Builder::new().tensor("blk.0.w", dims, ty);
     let mut five = one(&[32], GgmlType::F32);
-    five.tensors[0].1 = vec![1; 5];
+    five.tensors[0].dims = vec![1; 5];
     expect_err(&five.bytes(), &["blk.0.w", "5 dimensions"]);
     let mut overflow = one(&[256], GgmlType::Q4K);
-    overflow.tensors[0].1 = vec![256, u64::MAX, 2];
+    overflow.tensors[0].dims = vec![256, u64::MAX, 2];
     expect_err(&overflow.bytes(), &["blk.0.w", "overflow"]);
     let mut partial = one(&[256], GgmlType::Q4K);
-    partial.tensors[0].1 = vec![100];
+    partial.tensors[0].dims = vec![100];
     expect_err(&partial.bytes(), &["blk.0.w", "whole blocks of 256"]);
     let mut unknown = one(&[32], GgmlType::F32);
-    unknown.tensors[0].2 = 4;
+    unknown.tensors[0].id = 4;
     let e = expect_err(&unknown.bytes(), &["blk.0.w", "unknown ggml type id 4"]);
     assert!(matches!(e, GgufError::UnknownType { id: 4, .. }));
     let mut misaligned = one(&[32], GgmlType::F32);
-    misaligned.tensors[0].4 = Some(8);
+    misaligned.tensors[0].offset = Some(8);
     expect_err(&misaligned.bytes(), &["blk.0.w", "not a multiple of 32"]);
     let mut name = one(&[32], GgmlType::F32);
-    name.tensors[0].0 = "w".repeat(10);
+    name.tensors[0].name = "w".repeat(10);
     let mut bytes = name.bytes();
     let at = bytes.windows(10).position(|w| w == b"wwwwwwwwww").unwrap();
     bytes[at] = 0xC0;
@@ -353,7 +369,7 @@ fn tensor_data_past_the_end_is_an_error() {
     let e = expect_err(&bytes[..bytes.len() - 1], &["blk.1.ffn_up_exps.weight", "840 bytes", "truncated"]);
     assert!(matches!(e, GgufError::TensorOutOfBounds { .. }));
     let mut far = Builder::new().tensor("a", &[32], GgmlType::F32);
-    far.tensors[0].4 = Some(u64::MAX - 31);
+    far.tensors[0].offset = Some(u64::MAX - 31);
     expect_err(&far.bytes(), &["tensor a", "runs past the end"]);
 }
 

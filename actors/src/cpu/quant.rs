@@ -55,6 +55,14 @@ pub enum QuantError {
         /// Elements per row expected.
         cols: usize,
     },
+    /// A row length that is not a whole number of blocks.
+    #[error("{cols} elements are not a whole number of {ty} blocks ({} elements each)", ty.block_elems())]
+    Blocks {
+        /// Element type.
+        ty: GgmlType,
+        /// Elements given.
+        cols: usize,
+    },
     /// A row index past the last row.
     #[error("row {row} is out of range: the matrix has {rows} rows")]
     Row {
@@ -461,7 +469,7 @@ impl BlockFormat for Q4_0 {
 /// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block's 12 packed
 /// scale bytes (ggml's `get_scale_min_k4`).
 #[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
