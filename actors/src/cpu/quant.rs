@@ -17,7 +17,6 @@
 //! added last in order. On CPUs with AVX2 each block format has an 8-wide variant doing
 //! the same operations per element, so both paths give the same bits.
 
-use half::f16;
 use rayon::prelude::*;
 use smoe_proto::ggml::{GgmlType, QK_K};
 
@@ -296,7 +295,24 @@ fn f32_le(b: &[u8]) -> f32 {
 /// Little-endian f16 at the start of `b`, widened exactly.
 #[inline(always)]
 fn f16_le(b: &[u8]) -> f32 {
-    f16::from_le_bytes([b[0], b[1]]).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// Widens f16 bits exactly, as `half::f16::to_f32` and F16C do (NaNs come back quiet,
+/// payload kept); plain integer code, so it inlines into every kernel.
+#[inline(always)]
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from(h >> 10) & 0x1F;
+    let man = u32::from(h & 0x03FF);
+    let magnitude = match exp {
+        // Zero and subnormals: man · 2⁻²⁴, exact in f32.
+        0 => (man as f32 * (1.0 / 16_777_216.0)).to_bits(),
+        0x1F if man == 0 => 0x7F80_0000,
+        0x1F => 0x7FC0_0000 | (man << 13),
+        _ => ((exp + 112) << 23) | (man << 13),
+    };
+    f32::from_bits(sign | magnitude)
 }
 
 /// Little-endian bf16 at the start of `b`, widened exactly.
@@ -482,11 +498,9 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 #[inline(always)]
 fn k4_group_scales(b: &[u8], g: usize) -> [(f32, f32); 2] {
     let (d, dmin) = (scale_at(b, 0), scale_at(b, 2));
-    let scales = &b[4..16];
-    [0, 1].map(|h| {
-        let (sc, m) = scale_min_k4(2 * g + h, scales);
-        (d * sc as f32, dmin * m as f32)
-    })
+    let (sc1, m1) = scale_min_k4(2 * g, &b[4..16]);
+    let (sc2, m2) = scale_min_k4(2 * g + 1, &b[4..16]);
+    [(d * sc1 as f32, dmin * m1 as f32), (d * sc2 as f32, dmin * m2 as f32)]
 }
 
 /// Q4_K: `d, dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`. Group `g` (64 elements)
@@ -513,20 +527,17 @@ impl BlockFormat for Q4K {
     #[inline(always)]
     unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc) {
         use std::arch::x86_64::*;
+        let (q, xp) = (b.as_ptr().add(16), x.as_ptr());
         for g in 0..4 {
-            let scales = k4_group_scales(b, g);
-            let q = b.as_ptr().add(16 + 32 * g);
-            let halves = [0, 16].map(|o| avx2::nibbles(_mm_loadu_si128(q.add(o) as *const __m128i)));
+            let [(d1, m1), (d2, m2)] = k4_group_scales(b, g);
+            let [lo0, hi0] = avx2::nibbles(_mm_loadu_si128(q.add(32 * g) as *const __m128i));
+            let [lo1, hi1] = avx2::nibbles(_mm_loadu_si128(q.add(32 * g + 16) as *const __m128i));
             // Elements 64g + [0..16, 16..32] are the low nibbles, [32..48, 48..64] the high.
-            for (n, &(d, m)) in scales.iter().enumerate() {
-                let (d, m) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
-                for (h, half) in halves.iter().enumerate() {
-                    let (lo, hi) = avx2::u8x16_to_f32(half[n]);
-                    let lo = _mm256_sub_ps(_mm256_mul_ps(d, lo), m);
-                    let hi = _mm256_sub_ps(_mm256_mul_ps(d, hi), m);
-                    acc.add(lo, hi, x.as_ptr().add(64 * g + 32 * n + 16 * h));
-                }
-            }
+            let xg = xp.add(64 * g);
+            avx2::scale_sub_add(acc, lo0, d1, m1, xg);
+            avx2::scale_sub_add(acc, lo1, d1, m1, xg.add(16));
+            avx2::scale_sub_add(acc, hi0, d2, m2, xg.add(32));
+            avx2::scale_sub_add(acc, hi1, d2, m2, xg.add(48));
         }
     }
 }
@@ -559,24 +570,19 @@ impl BlockFormat for Q5K {
     #[inline(always)]
     unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc) {
         use std::arch::x86_64::*;
-        let qh = [0, 16].map(|o| _mm_loadu_si128(b.as_ptr().add(16 + o) as *const __m128i));
-        let sixteen = _mm_set1_epi8(16);
+        let (p, xp) = (b.as_ptr(), x.as_ptr());
+        let qh0 = _mm_loadu_si128(p.add(16) as *const __m128i);
+        let qh1 = _mm_loadu_si128(p.add(32) as *const __m128i);
         for g in 0..4 {
-            let scales = k4_group_scales(b, g);
-            let ql = b.as_ptr().add(48 + 32 * g);
-            let halves = [0, 16].map(|o| avx2::nibbles(_mm_loadu_si128(ql.add(o) as *const __m128i)));
-            for (n, &(d, m)) in scales.iter().enumerate() {
-                let (d, m) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
-                let bit = _mm_set1_epi8((1u8 << (2 * g + n)) as i8);
-                for (h, half) in halves.iter().enumerate() {
-                    let set = _mm_cmpeq_epi8(_mm_and_si128(qh[h], bit), bit);
-                    let q = _mm_add_epi8(half[n], _mm_and_si128(set, sixteen));
-                    let (lo, hi) = avx2::u8x16_to_f32(q);
-                    let lo = _mm256_sub_ps(_mm256_mul_ps(d, lo), m);
-                    let hi = _mm256_sub_ps(_mm256_mul_ps(d, hi), m);
-                    acc.add(lo, hi, x.as_ptr().add(64 * g + 32 * n + 16 * h));
-                }
-            }
+            let [(d1, m1), (d2, m2)] = k4_group_scales(b, g);
+            let [lo0, hi0] = avx2::nibbles(_mm_loadu_si128(p.add(48 + 32 * g) as *const __m128i));
+            let [lo1, hi1] = avx2::nibbles(_mm_loadu_si128(p.add(48 + 32 * g + 16) as *const __m128i));
+            let (bit1, bit2) = (1u8 << (2 * g), 2u8 << (2 * g));
+            let xg = xp.add(64 * g);
+            avx2::scale_sub_add(acc, avx2::add_high_bit(lo0, qh0, bit1), d1, m1, xg);
+            avx2::scale_sub_add(acc, avx2::add_high_bit(lo1, qh1, bit1), d1, m1, xg.add(16));
+            avx2::scale_sub_add(acc, avx2::add_high_bit(hi0, qh0, bit2), d2, m2, xg.add(32));
+            avx2::scale_sub_add(acc, avx2::add_high_bit(hi1, qh1, bit2), d2, m2, xg.add(48));
         }
     }
 }
@@ -588,11 +594,12 @@ impl BlockFormat for Q5K {
 struct Q6K;
 
 impl Q6K {
-    /// `d·sc` for the 16 elements starting at element `16·c` of the block (c in 0..16).
+    /// `d·sc` for the 16 elements starting at element `16·c` of the block (c in 0..16),
+    /// `d` being the block's scale.
     #[inline(always)]
-    fn scale(b: &[u8], c: usize) -> f32 {
+    fn scale(b: &[u8], d: f32, c: usize) -> f32 {
         let (n, k, h) = (c / 8, (c / 2) % 4, c % 2);
-        scale_at(b, 208) * (b[192 + 8 * n + 2 * k + h] as i8) as f32
+        d * (b[192 + 8 * n + 2 * k + h] as i8) as f32
     }
 }
 
@@ -601,9 +608,10 @@ impl BlockFormat for Q6K {
     const BYTES: usize = 210;
 
     fn decode(b: &[u8], out: &mut [f32]) {
+        let d = scale_at(b, 208);
         for (c, y) in out.chunks_exact_mut(16).enumerate() {
             let (n, k, h) = (c / 8, (c / 2) % 4, c % 2);
-            let ds = Q6K::scale(b, c);
+            let ds = Q6K::scale(b, d, c);
             for (i, y) in y.iter_mut().enumerate() {
                 let l = 16 * h + i;
                 let ql = b[64 * n + 32 * (k & 1) + l];
@@ -619,6 +627,7 @@ impl BlockFormat for Q6K {
     unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc) {
         use std::arch::x86_64::*;
         let (three, bias) = (_mm_set1_epi8(3), _mm_set1_epi8(32));
+        let d = scale_at(b, 208);
         for c in 0..16 {
             let (n, k, h) = (c / 8, (c / 2) % 4, c % 2);
             let ql = _mm_loadu_si128(b.as_ptr().add(64 * n + 32 * (k & 1) + 16 * h) as *const __m128i);
@@ -628,7 +637,7 @@ impl BlockFormat for Q6K {
             let high = _mm_and_si128(_mm_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), three);
             let q = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), bias);
             let (lo, hi) = avx2::i8x16_to_f32(q);
-            let ds = _mm256_set1_ps(Q6K::scale(b, c));
+            let ds = _mm256_set1_ps(Q6K::scale(b, d, c));
             acc.add(_mm256_mul_ps(ds, lo), _mm256_mul_ps(ds, hi), x.as_ptr().add(16 * c));
         }
     }
@@ -671,6 +680,26 @@ mod avx2 {
     pub(super) unsafe fn nibbles(q: __m128i) -> [__m128i; 2] {
         let m = _mm_set1_epi8(0x0F);
         [_mm_and_si128(q, m), _mm_and_si128(_mm_srli_epi16(q, 4), m)]
+    }
+
+    /// Adds `(d·q − m) · x[0..16]` for 16 unsigned quants `q` (Q4_K/Q5_K's element
+    /// formula, the same two roundings as the scalar decoder).
+    ///
+    /// # Safety
+    /// AVX2 is present and `x` points at 16 readable values.
+    #[inline(always)]
+    pub(super) unsafe fn scale_sub_add(acc: &mut Acc, q: __m128i, d: f32, m: f32, x: *const f32) {
+        let (d, m) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
+        let (lo, hi) = u8x16_to_f32(q);
+        acc.add(_mm256_sub_ps(_mm256_mul_ps(d, lo), m), _mm256_sub_ps(_mm256_mul_ps(d, hi), m), x);
+    }
+
+    /// `q + 16` where `qh & bit` is set (Q5_K's fifth bit), bytewise.
+    #[inline(always)]
+    pub(super) unsafe fn add_high_bit(q: __m128i, qh: __m128i, bit: u8) -> __m128i {
+        let bit = _mm_set1_epi8(bit as i8);
+        let set = _mm_cmpeq_epi8(_mm_and_si128(qh, bit), bit);
+        _mm_add_epi8(q, _mm_and_si128(set, _mm_set1_epi8(16)))
     }
 
     /// 16 unsigned bytes as two vectors of 8 f32 (exact).
@@ -730,6 +759,8 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
+    use half::f16;
+
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
@@ -859,6 +890,13 @@ mod tests {
             assert_eq!(first_diff, None, "{ty}: element {first_diff:?} differs from gguf-py");
             let x = rand_vec(&mut rng, out.len());
             assert_eq!(dot_row(ty, &blocks, &x).unwrap().to_bits(), dot_f32(&out, &x).to_bits(), "{ty}");
+        }
+    }
+
+    #[test]
+    fn f16_widening_matches_half_for_every_bit_pattern() {
+        for h in 0..=u16::MAX {
+            assert_eq!(f16_to_f32(h).to_bits(), f16::from_bits(h).to_f32().to_bits(), "{h:#06x}");
         }
     }
 
