@@ -445,8 +445,7 @@ impl BlockFormat for Q8_0 {
         let d = _mm256_set1_ps(scale_at(b, 0));
         for c in 0..2 {
             let q = _mm_loadu_si128(b.as_ptr().add(2 + 16 * c) as *const __m128i);
-            let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-            let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+            let (lo, hi) = avx2::i8x16_to_f32(q);
             acc.add(_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d), x.as_ptr().add(16 * c));
         }
     }
