@@ -9,8 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::forward::{ClaimTally, ForwardError};
-use crate::forward_pass::{ForwardPass, KvState};
+use crate::contract::{ClaimTally, ForwardError, ForwardPass, KvState};
 use crate::sampler::{Sampler, SamplingParams};
 
 /// What to generate.
@@ -101,14 +100,9 @@ pub fn generate<P: ForwardPass>(
 ) -> Result<(FinishReason, GenerateStats), ForwardError> {
     let start = Instant::now();
     let vocab = fwd.model().cfg.vocab_size;
-    if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ForwardError::TokenOutOfVocab { id, vocab });
-    }
+    fwd.model().check_tokens(&req.prompt)?;
     assert!(kv.len() < req.prompt.len(), "the KV cache must hold a strict prefix of the prompt");
-    let needed = req.prompt.len() + req.max_tokens.saturating_sub(1);
-    if needed > fwd.model().max_context {
-        return Err(ForwardError::ContextFull { needed, max: fwd.model().max_context });
-    }
+    fwd.model().check_context(req.prompt.len() + req.max_tokens.saturating_sub(1))?;
     let eos = fwd.model().cfg.eos_token_ids.clone();
     let moe_layers = fwd.model().cfg.moe_layers();
     let mut sampler = Sampler::new(req.sampling.clone(), vocab);

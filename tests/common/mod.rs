@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use smoe_actors::forward::ForwardError;
-use smoe_actors::forward_pass::ForwardPass;
+use smoe_actors::contract::ForwardError;
+use smoe_actors::contract::ForwardPass;
 use smoe_actors::generation::{generate, FinishReason, GenerateRequest, GenerateStats};
 
 /// Names of the golden fixtures made by `tests/fixtures/make_fixtures.py`.
