@@ -168,7 +168,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 }
 
 /// Writes one JSON line per expert claim.
-fn write_trace(path: &Path, events: &[smoe_actors::contract::ClaimEvent]) -> Result<()> {
+fn write_trace(path: &Path, events: &[smoe_proto::ClaimEvent]) -> Result<()> {
     let mut text = String::new();
     for e in events {
         text.push_str(&serde_json::to_string(e)?);

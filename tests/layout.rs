@@ -27,7 +27,8 @@ fn imports_of(dir: &str, other: &str) -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("actors/src").join(dir);
     let files = sources(&root);
     assert!(!files.is_empty(), "no sources under {}", root.display());
-    let needles = [format!("crate::{other}"), format!("smoe_actors::{other}"), format!("super::super::{other}")];
+    let needles =
+        [format!("crate::{other}"), format!("smoe_actors::{other}"), format!("super::super::{other}")];
     let mut hits = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).expect("readable source");

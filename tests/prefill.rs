@@ -164,10 +164,11 @@ fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
     use smoe_actors::contract::KvState;
     use smoe_actors::cpu::KvCache;
     use smoe_actors::engine::{Engine, EngineOptions, RingSize};
-    use smoe_actors::generation::{generate, FinishReason, GenerateRequest};
+    use smoe_actors::generation::{generate, GenerateRequest};
     use smoe_actors::ring::memory::HostAllocator;
     use smoe_actors::sampler::SamplingParams;
     use smoe_actors::streamer::StreamerOptions;
+    use smoe_proto::FinishReason;
 
     let dir = tempfile::tempdir().unwrap();
     let vault = convert("moe_all", dir.path(), &[]);

@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod handle;
+pub mod job;
 pub mod messages;
 pub mod model_config;
 pub mod route;
@@ -11,7 +12,8 @@ pub mod vault_format;
 
 pub use error::VaultError;
 pub use handle::{ExpertHandle, ExpertKey, ExpertSource, SlotOwner};
-pub use messages::{ClaimInfo, Priority, ReadRequest};
+pub use job::{FinishReason, GenerateStats, JobEvent, JobFailure};
+pub use messages::{ClaimEvent, ClaimInfo, ClaimTally, Priority, ReadRequest};
 pub use model_config::ModelConfig;
 pub use route::{GateInput, RouteJob};
 pub use vault_format::{

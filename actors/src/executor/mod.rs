@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 pub use pass::Pass;
 
-use crate::contract::{ClaimEvent, ClaimTally, ForwardError, ForwardPass, KvState};
+use smoe_proto::{ClaimEvent, ClaimTally};
+
+use crate::contract::{ForwardError, ForwardPass, KvState};
 use crate::cpu::{CpuBackend, KvCache};
 use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::model::Model;

@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use smoe_proto::{ExpertHandle, ExpertKey, ExpertSource, RouteJob};
+use smoe_proto::{ClaimEvent, ClaimTally, ExpertHandle, ExpertKey, ExpertSource, RouteJob};
 
-use crate::contract::{Backend, ClaimEvent, ClaimTally, Flush, ForwardError};
+use crate::contract::{Backend, Flush, ForwardError};
 use crate::model::Model;
 use crate::router::Router;
 use crate::vault::TensorRef;

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use smoe_proto::ExpertSource;
+use smoe_proto::{ClaimEvent, ClaimTally, ExpertSource};
 
 use super::moe::MoeStep;
-use crate::contract::{Backend, ClaimEvent, ClaimTally, ForwardError, ForwardPass, KvState};
+use crate::contract::{Backend, ForwardError, ForwardPass, KvState};
 use crate::model::{qwen3_moe, Model};
 
 /// The model definition over backend `B`.

@@ -10,7 +10,9 @@ use super::context::{DeviceInfo, VulkanContext};
 use super::experts::ExpertPath;
 use super::kv::VulkanKvCache;
 use super::VulkanError;
-use crate::contract::{ClaimEvent, ClaimTally, ForwardError, ForwardPass, KvState};
+use smoe_proto::{ClaimEvent, ClaimTally};
+
+use crate::contract::{ForwardError, ForwardPass, KvState};
 use crate::engine::Engine;
 use crate::executor::Pass;
 use crate::mailbox::{SpawnError, ThreadActor};
