@@ -2,7 +2,7 @@
 //! decode token by token, sampling each next token and handing it (with its logits)
 //! to the caller.
 //!
-//! Prefill runs every prompt token except the last through [`Forward::forward`] in
+//! Prefill runs every prompt token except the last through [`ForwardPass::forward`] in
 //! blocks of up to `max_rows` tokens (the chunk size; 1 is token-serial replay). The
 //! last prompt token goes through the ordinary decode step, so the LM head and the
 //! sampler run only where a token is emitted.
