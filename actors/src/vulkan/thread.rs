@@ -21,13 +21,16 @@ use crate::model::Model;
 /// A request to the executor thread.
 enum Job {
     /// Run a block: the cache (its device buffers are shared), the tokens, whether to
-    /// return logits, the bet depth and whether to trace.
+    /// return logits, the bet depth, whether to trace, and the buffers the reply fills
+    /// (moved back and forth, so a step allocates nothing).
     Forward {
         kv: VulkanKvCache,
         tokens: Vec<u32>,
         want_logits: bool,
         spec_depth: usize,
         trace: bool,
+        logits: Vec<f32>,
+        union_sizes: Vec<usize>,
     },
     NewKv,
     ExpertPath(ExpertPath),
@@ -48,31 +51,30 @@ enum Reply {
     ExpertPath(Result<(), VulkanError>),
 }
 
-/// What the thread keeps between jobs: the pass, and the buffers replies carry back.
-struct Executor {
+/// What the executor thread owns: the pass over the device.
+struct Worker {
     pass: Pass<VulkanBackend>,
-    logits: Vec<f32>,
 }
 
-fn serve(ex: &mut Executor, job: Job) -> Reply {
+fn serve(ex: &mut Worker, job: Job) -> Reply {
     match job {
-        Job::Forward { mut kv, tokens, want_logits, spec_depth, trace } => {
+        Job::Forward { mut kv, tokens, want_logits, spec_depth, trace, mut logits, mut union_sizes } => {
             let pass = &mut ex.pass;
             pass.moe_mut().set_spec_depth(spec_depth);
             if trace {
                 pass.moe_mut().enable_trace();
             }
-            let mut logits = std::mem::take(&mut ex.logits);
             let result = pass.run(&mut kv, &tokens, want_logits).map(|l| {
                 logits.clear();
                 logits.extend_from_slice(l.unwrap_or(&[]));
             });
+            union_sizes.clone_from_slice(pass.moe().union_sizes());
             Reply::Forward {
                 result,
                 kv,
                 tokens,
                 logits,
-                union_sizes: pass.moe().union_sizes().to_vec(),
+                union_sizes,
                 tally: pass.moe().tally(),
                 trace: pass.moe_mut().take_trace(),
             }
@@ -128,8 +130,7 @@ impl VulkanPass {
         let hold_limit = ring.n_slots();
         let init = move || {
             let backend = VulkanBackend::new(c, a, m.clone(), max_rows)?;
-            let logits = Vec::with_capacity(m.cfg.vocab_size);
-            Ok(Executor { pass: Pass::new(backend, m, ring, max_rows, hold_limit), logits })
+            Ok(Worker { pass: Pass::new(backend, m, ring, max_rows, hold_limit) })
         };
         let actor = ThreadActor::spawn("vulkan", init, serve).map_err(|e| match e {
             SpawnError::Init(e) => e,
@@ -197,6 +198,8 @@ impl ForwardPass for VulkanPass {
             want_logits,
             spec_depth: self.spec_depth,
             trace: self.trace.is_some(),
+            logits: std::mem::take(&mut self.logits),
+            union_sizes: std::mem::take(&mut self.union_sizes),
         };
         let gone = || ForwardError::Device(VulkanError::ExecutorGone.to_string());
         let Reply::Forward { result, kv: done, tokens, logits, union_sizes, tally, trace } =
