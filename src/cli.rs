@@ -96,7 +96,7 @@ pub struct VerifyArgs {
     pub io: smoe_actors::streamer::IoChoice,
     /// Compute backend to check: cpu or vulkan (both paths run on it).
     #[arg(long, default_value = "cpu")]
-    pub backend: smoe_actors::executor::Backend,
+    pub backend: smoe_actors::executor::BackendKind,
     /// Vulkan device index.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
@@ -203,7 +203,7 @@ pub struct EngineArgs {
     pub spec_depth: usize,
     /// Compute backend: cpu (the reference) or vulkan.
     #[arg(long, default_value = "cpu")]
-    pub backend: smoe_actors::executor::Backend,
+    pub backend: smoe_actors::executor::BackendKind,
     /// Vulkan device index (see `smoe-pipeline devices`).
     #[arg(long, default_value_t = 0)]
     pub device: usize,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
+use smoe_actors::contract::ForwardPass;
 use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::Executor;
-use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::ring::slots::STATE_NAMES;
 use smoe_actors::sampler::SamplingParams;
@@ -53,13 +53,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty: give at least one token");
     }
-    let vocab = model.cfg.vocab_size;
-    if let Some(id) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        bail!(
-            "--prompt-ids: token id {id} is out of the vocabulary (the model has {vocab} tokens, ids 0..{})",
-            vocab - 1
-        );
-    }
+    model.check_tokens(&prompt).map_err(|e| anyhow::anyhow!("--prompt-ids: {e}"))?;
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -113,7 +107,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         return Err(e);
     }
     if let Some(path) = &args.logits_out {
-        write_logits(path, &logits_rows, ids.len(), vocab)?;
+        write_logits(path, &logits_rows, ids.len(), model.cfg.vocab_size)?;
     }
     if let Some(path) = &args.trace_out {
         write_trace(path, &fwd.take_trace())?;
@@ -174,7 +168,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 }
 
 /// Writes one JSON line per expert claim.
-fn write_trace(path: &Path, events: &[smoe_actors::forward::ClaimEvent]) -> Result<()> {
+fn write_trace(path: &Path, events: &[smoe_proto::ClaimEvent]) -> Result<()> {
     let mut text = String::new();
     for e in events {
         text.push_str(&serde_json::to_string(e)?);

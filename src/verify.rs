@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
+use smoe_actors::contract::ForwardPass;
 use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::Executor;
-use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::StreamerOptions;
@@ -111,11 +111,7 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
     let (engine, mut serial) = Executor::open(&args.vault, &opts, args.backend, args.device, 1)?;
     let mut layer_major = Vec::new();
     for &chunk in &args.chunk_sizes {
-        layer_major.push(match &serial {
-            Executor::Cpu(_) => Executor::Cpu(Box::new(engine.forward(chunk))),
-            #[cfg(feature = "vulkan")]
-            Executor::Vulkan(_) => Executor::open(&args.vault, &opts, args.backend, args.device, chunk)?.1,
-        });
+        layer_major.push(serial.sibling(&engine, chunk)?);
     }
     if engine.model.max_context < longest + args.tokens {
         bail!(

@@ -5,15 +5,19 @@
 pub mod error;
 pub mod ggml;
 pub mod handle;
+pub mod job;
 pub mod messages;
 pub mod model_config;
+pub mod route;
 pub mod vault_format;
 
 pub use error::VaultError;
 pub use ggml::GgmlType;
 pub use handle::{ExpertHandle, ExpertKey, ExpertSource, SlotOwner};
-pub use messages::{ClaimInfo, Priority, ReadRequest};
+pub use job::{FinishReason, GenerateStats, JobEvent, JobFailure};
+pub use messages::{ClaimEvent, ClaimInfo, ClaimTally, Priority, ReadRequest};
 pub use model_config::ModelConfig;
+pub use route::{GateInput, RouteJob};
 pub use vault_format::{
     align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, PartLayout, ResidentIndex,
     TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,

@@ -175,7 +175,7 @@ fn plan(st: &AppState, b: &GenerationBody, endpoint: Endpoint) -> Result<Plan, A
 /// which ends the task and, through the dropped job channel, the generation.
 fn stream_response(
     st: Arc<AppState>,
-    events: mpsc::UnboundedReceiver<smoe_actors::scheduler::JobEvent>,
+    events: mpsc::UnboundedReceiver<smoe_proto::JobEvent>,
     stops: Vec<String>,
     shape: Shape,
     include_usage: bool,

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use smoe_actors::forward::ForwardError;
-use smoe_actors::forward_pass::ForwardPass;
-use smoe_actors::generation::{generate, FinishReason, GenerateRequest, GenerateStats};
+use smoe_actors::contract::ForwardError;
+use smoe_actors::contract::ForwardPass;
+use smoe_actors::generation::{generate, GenerateRequest};
+use smoe_proto::{FinishReason, GenerateStats};
 
 /// Names of the golden fixtures made by `tests/fixtures/make_fixtures.py`.
 pub const FIXTURES: &[&str] = &["moe_all", "dense0_gqa", "bf16_sharded"];

@@ -20,7 +20,7 @@
 use rayon::prelude::*;
 use smoe_proto::ggml::{GgmlType, QK_K};
 
-use crate::kernels::{dot_bf16, dot_f32};
+use super::kernels::{dot_bf16, dot_f32};
 use crate::tensor::bf16_to_f32;
 
 /// Lanes of the fixed accumulation order (those of `kernels::dot_f32`).

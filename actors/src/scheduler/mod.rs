@@ -16,7 +16,9 @@ use kameo::message::{Context, Message};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::executor::Executor;
-use crate::generation::{FinishReason, GenerateRequest, GenerateStats};
+use smoe_proto::{JobEvent, JobFailure};
+
+use crate::generation::GenerateRequest;
 
 /// Gauge: jobs waiting for the compute thread.
 pub const QUEUE_LENGTH: &str = "smoe_queue_length";
@@ -50,41 +52,6 @@ pub struct Job {
     pub request: GenerateRequest,
     /// Where the job's events go; dropping the receiver cancels the job.
     pub events: UnboundedSender<JobEvent>,
-}
-
-/// What a job reports, in order: `Started`, `Token`s, then `Finished` or `Failed`.
-#[derive(Debug)]
-pub enum JobEvent {
-    /// The job reached the compute thread.
-    Started {
-        /// Prompt length.
-        prompt_tokens: usize,
-        /// Prompt tokens reused from a stored session (not prefilled).
-        cached_tokens: usize,
-    },
-    /// A generated token.
-    Token(u32),
-    /// Generation ended normally (`Stopped` when the receiver went away).
-    Finished {
-        /// Why it ended.
-        reason: FinishReason,
-        /// Counts and timings.
-        stats: GenerateStats,
-    },
-    /// Generation could not run or was cut short.
-    Failed(JobFailure),
-}
-
-/// Why a job failed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum JobFailure {
-    /// The request is invalid for this engine (context too long, token out of
-    /// vocabulary, empty prompt).
-    Invalid(String),
-    /// The engine failed (read error, internal fault).
-    Internal(String),
-    /// The server cancelled it (shutdown).
-    Cancelled,
 }
 
 /// Why a job was not admitted.
