@@ -21,8 +21,8 @@ pub const LOADING: u8 = 1;
 pub const READY: u8 = 2;
 /// The slot holds a verified blob that has been claimed at least once (retained).
 pub const CONSUMED: u8 = 3;
-/// Names of the states, indexed by state value.
-pub const STATE_NAMES: [&str; 4] = ["empty", "loading", "ready", "consumed"];
+/// Names of the states, indexed by state value (the snapshot's names).
+pub use smoe_proto::stats::SLOT_STATES as STATE_NAMES;
 
 /// Bit of the reference count marking a slot that is being given a new identity.
 pub const RECYCLING: u32 = 1 << 31;
