@@ -10,9 +10,9 @@ use smoe_actors::contract::ForwardPass;
 use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::Executor;
 use smoe_actors::generation::{generate, GenerateRequest};
-use smoe_actors::ring::slots::STATE_NAMES;
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::StreamerOptions;
+use smoe_proto::stats::SLOT_STATES;
 
 use crate::cli::{EngineArgs, GenerateArgs, PrefillMode};
 
@@ -117,7 +117,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let union_mean = if all.is_empty() { 0.0 } else { all.iter().sum::<usize>() as f64 / all.len() as f64 };
     let union_max = all.iter().copied().max().unwrap_or(0);
     let slot_states: serde_json::Map<String, serde_json::Value> =
-        STATE_NAMES.iter().zip(ring.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
+        SLOT_STATES.iter().zip(ring.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
     let text = match &detok {
         Some(d) => d.text()?,
         None => String::new(),

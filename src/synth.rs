@@ -162,8 +162,11 @@ pub fn synth(opts: &SynthOptions) -> Result<Manifest> {
         tokenizer_dir: opts.tokenizer.as_deref(),
         label: "synthesising",
     };
-    write_vault(
-        &spec,
-        &mut RandomSource { seed: opts.seed, vals: Vec::with_capacity(STEP), bytes: Vec::new() },
-    )
+    write_random(&spec, opts.seed)
+}
+
+/// Writes the vault `spec` describes with random weights drawn from `seed` (the same
+/// spec and seed always give the same vault); returns its manifest.
+pub fn write_random(spec: &VaultSpec, seed: u64) -> Result<Manifest> {
+    write_vault(spec, &mut RandomSource { seed, vals: Vec::with_capacity(STEP), bytes: Vec::new() })
 }

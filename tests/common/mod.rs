@@ -19,6 +19,17 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
+/// Copies fixture `name` into `dir` and returns the copy's path.
+pub fn copy_fixture(name: &str, dir: &Path) -> PathBuf {
+    let dst = dir.join(name);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst
+}
+
 /// Runs the `smoe-pipeline` binary with `args`.
 pub fn run(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_smoe-pipeline"))

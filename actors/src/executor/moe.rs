@@ -132,7 +132,7 @@ impl MoeStep {
         }
         self.union_sizes[l] = n;
         if m > 1 {
-            metrics::histogram!("smoe_union_size").record(n as f64);
+            metrics::histogram!(smoe_proto::metric_names::UNION_SIZE).record(n as f64);
         }
         Ok(())
     }

@@ -13,29 +13,13 @@ use std::time::{Duration, Instant};
 
 use kameo::actor::{Actor, ActorRef};
 use kameo::message::{Context, Message};
+use smoe_proto::metric_names::{ACTIVE_REQUESTS, QUEUE_LENGTH};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::executor::Executor;
 use smoe_proto::{JobEvent, JobFailure};
 
 use crate::generation::GenerateRequest;
-
-/// Gauge: jobs waiting for the compute thread.
-pub const QUEUE_LENGTH: &str = "smoe_queue_length";
-/// Gauge: jobs being computed.
-pub const ACTIVE_REQUESTS: &str = "smoe_active_requests";
-/// Gauge: token streams held in the session store.
-pub const SESSIONS: &str = "smoe_sessions";
-/// Histogram: seconds from admission to the first generated token.
-pub const TTFT_SECONDS: &str = "smoe_ttft_seconds";
-/// Histogram: seconds between consecutive generated tokens.
-pub const TOKEN_LATENCY_SECONDS: &str = "smoe_token_latency_seconds";
-/// Counter: prompt tokens run through the model (the suffix beyond the reused prefix).
-pub const PREFILL_TOKENS: &str = "smoe_prefill_tokens_total";
-/// Counter: tokens generated.
-pub const DECODE_TOKENS: &str = "smoe_decode_tokens_total";
-/// Counter: prompt tokens served from a stored session instead of being prefilled.
-pub const CACHED_PROMPT_TOKENS: &str = "smoe_cached_prompt_tokens_total";
 
 /// Scheduler limits.
 #[derive(Clone, Copy, Debug)]

@@ -6,12 +6,12 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use kameo::actor::ActorRef;
+use smoe_proto::metric_names::{
+    CACHED_PROMPT_TOKENS, DECODE_TOKENS, PREFILL_TOKENS, SESSIONS, TOKEN_LATENCY_SECONDS, TTFT_SECONDS,
+};
 
 use super::sessions::SessionStore;
-use super::{
-    JobEvent, JobFailure, Queued, Scheduler, WorkerIdle, CACHED_PROMPT_TOKENS, DECODE_TOKENS, PREFILL_TOKENS,
-    SESSIONS, TOKEN_LATENCY_SECONDS, TTFT_SECONDS,
-};
+use super::{JobEvent, JobFailure, Queued, Scheduler, WorkerIdle};
 use crate::contract::{ForwardError, ForwardPass, KvState};
 use crate::executor::{Executor, ExecutorKv};
 use crate::generation::generate;
