@@ -144,22 +144,29 @@ impl Kernel {
 
     /// [`Kernel::dot`] on the instructions of `isa` (every `isa` gives the same bits).
     fn dot_on(self, isa: Isa, bytes: &[u8], x: &[f32]) -> f32 {
+        let [d] = self.dots_on(isa, bytes, [x]);
+        d
+    }
+
+    /// The dot products of one row with `N` vectors (each of the row's length), each
+    /// bitwise the single [`Kernel::dot_on`]; a block format decodes the row once for all.
+    fn dots_on<const N: usize>(self, isa: Isa, bytes: &[u8], xs: [&[f32]; N]) -> [f32; N] {
         match self {
             // The f32/bf16 kernels pick their own width; unaligned rows go element-wise.
-            Kernel::F32 => match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+            Kernel::F32 => xs.map(|x| match bytemuck::try_cast_slice::<u8, f32>(bytes) {
                 Ok(w) => dot_f32(w, x),
                 Err(_) => dot_plain(bytes, x, 4, f32_le),
-            },
-            Kernel::Bf16 => match bytemuck::try_cast_slice::<u8, u16>(bytes) {
+            }),
+            Kernel::Bf16 => xs.map(|x| match bytemuck::try_cast_slice::<u8, u16>(bytes) {
                 Ok(w) => dot_bf16(w, x),
                 Err(_) => dot_plain(bytes, x, 2, bf16_le),
-            },
-            Kernel::F16 => dot_f16(isa, bytes, x),
-            Kernel::Q8_0 => dot_blocks::<Q8_0>(isa, bytes, x),
-            Kernel::Q4_0 => dot_blocks::<Q4_0>(isa, bytes, x),
-            Kernel::Q4K => dot_blocks::<Q4K>(isa, bytes, x),
-            Kernel::Q5K => dot_blocks::<Q5K>(isa, bytes, x),
-            Kernel::Q6K => dot_blocks::<Q6K>(isa, bytes, x),
+            }),
+            Kernel::F16 => xs.map(|x| dot_f16(isa, bytes, x)),
+            Kernel::Q8_0 => dot_blocks::<Q8_0, N>(isa, bytes, xs),
+            Kernel::Q4_0 => dot_blocks::<Q4_0, N>(isa, bytes, xs),
+            Kernel::Q4K => dot_blocks::<Q4K, N>(isa, bytes, xs),
+            Kernel::Q5K => dot_blocks::<Q5K, N>(isa, bytes, xs),
+            Kernel::Q6K => dot_blocks::<Q6K, N>(isa, bytes, xs),
         }
     }
 }
@@ -242,6 +249,28 @@ impl<'a> QuantMatrix<'a> {
     /// The stored bytes of row `r`, or `None` past the last row.
     pub fn row(&self, r: usize) -> Option<&'a [u8]> {
         (r < self.rows).then(|| &self.data[r * self.row_bytes..(r + 1) * self.row_bytes])
+    }
+
+    /// `W[r] · x`, bitwise [`dot_row`] of row `r`.
+    ///
+    /// # Panics
+    /// If `r` is not a row or `x` does not have `cols` elements (callers check shapes once
+    /// per matrix, as the f32 kernels do).
+    pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+        let [d] = self.row_dots(r, [x]);
+        d
+    }
+
+    /// `W[r] · xs[t]` for `N` vectors at once: a block format decodes the row once for
+    /// all of them, and each result is bitwise [`QuantMatrix::row_dot`] — the sibling
+    /// for token-batched kernels.
+    ///
+    /// # Panics
+    /// As [`QuantMatrix::row_dot`], for any of the vectors.
+    pub fn row_dots<const N: usize>(&self, r: usize, xs: [&[f32]; N]) -> [f32; N] {
+        assert!(xs.iter().all(|x| x.len() == self.cols), "every vector must have {} elements", self.cols);
+        let row = &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
+        self.kernel.dots_on(Isa::detect(), row, xs)
     }
 
     /// Row `r` dequantised into `out` (`cols` elements), e.g. for an embedding lookup.
@@ -377,13 +406,14 @@ trait BlockFormat {
     /// Decodes one block (`BYTES` bytes) into `out` (`ELEMS` values), as ggml does.
     fn decode(b: &[u8], out: &mut [f32]);
     /// Adds the products of one block's weights (decoded in registers, bitwise as
-    /// [`BlockFormat::decode`]) with `x` (`ELEMS` values) into the 16-lane accumulator,
-    /// 16 elements at a time in element order.
+    /// [`BlockFormat::decode`]) with elements `at..at + ELEMS` of each vector of `acc`
+    /// into its 16-lane accumulator, 16 elements at a time in element order.
     ///
     /// # Safety
-    /// The CPU must have AVX2; `b` holds `BYTES` bytes and `x` holds `ELEMS` values.
+    /// The CPU must have AVX2; `b` holds `BYTES` bytes and every vector of `acc` holds at
+    /// least `at + ELEMS` values.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc);
+    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>);
 }
 
 fn decode_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
@@ -392,30 +422,36 @@ fn decode_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-fn dot_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], x: &[f32]) -> f32 {
+/// The fused dot products of one row of block format `F` with `N` vectors.
+fn dot_blocks<F: BlockFormat, const N: usize>(isa: Isa, bytes: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    let elems = bytes.len() / F::BYTES * F::ELEMS;
+    assert!(xs.iter().all(|x| x.len() == elems), "every vector must have the row's {elems} elements");
     match isa {
-        Isa::Portable => dot_blocks_portable::<F>(bytes, x),
-        // SAFETY: `Isa::detect` found AVX2; `bytes` holds whole blocks for `x.len()` elements.
+        Isa::Portable => dot_blocks_portable::<F, N>(bytes, xs),
+        // SAFETY: `Isa::detect` found AVX2; every vector holds the row's elements (above).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 { .. } => unsafe { avx2::dot_blocks::<F>(bytes, x) },
+        Isa::Avx2 { .. } => unsafe { avx2::dot_blocks::<F, N>(bytes, xs) },
     }
 }
 
-/// The portable fused dot product: each block decoded into a stack buffer by the very
-/// decoder of [`dequantize_row`], then multiplied into the lanes.
-fn dot_blocks_portable<F: BlockFormat>(bytes: &[u8], x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
+/// The portable fused dot products: each block decoded into a stack buffer by the very
+/// decoder of [`dequantize_row`], then multiplied into each vector's lanes.
+fn dot_blocks_portable<F: BlockFormat, const N: usize>(bytes: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    let mut acc = [[0.0f32; LANES]; N];
     let mut w = [0.0f32; QK_K];
     let w = &mut w[..F::ELEMS];
-    for (b, xb) in bytes.chunks_exact(F::BYTES).zip(x.chunks_exact(F::ELEMS)) {
+    for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
         F::decode(b, w);
-        for (wc, xc) in w.chunks_exact(LANES).zip(xb.chunks_exact(LANES)) {
-            for i in 0..LANES {
-                acc[i] += wc[i] * xc[i];
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let xb = &x[k * F::ELEMS..(k + 1) * F::ELEMS];
+            for (wc, xc) in w.chunks_exact(LANES).zip(xb.chunks_exact(LANES)) {
+                for i in 0..LANES {
+                    acc[i] += wc[i] * xc[i];
+                }
             }
         }
     }
-    combine(&acc)
+    acc.map(|a| combine(&a))
 }
 
 /// The f16 scale stored at byte `at` of a block, widened exactly.
@@ -440,13 +476,13 @@ impl BlockFormat for Q8_0 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc) {
+    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
         use std::arch::x86_64::*;
         let d = _mm256_set1_ps(scale_at(b, 0));
         for c in 0..2 {
             let q = _mm_loadu_si128(b.as_ptr().add(2 + 16 * c) as *const __m128i);
             let (lo, hi) = avx2::i8x16_to_f32(q);
-            acc.add(_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d), x.as_ptr().add(16 * c));
+            acc.add(_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d), at + 16 * c);
         }
     }
 }
@@ -469,14 +505,14 @@ impl BlockFormat for Q4_0 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc) {
+    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
         use std::arch::x86_64::*;
         let d = _mm256_set1_ps(scale_at(b, 0));
         let q = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
         let eight = _mm_set1_epi8(8);
         for (c, nib) in avx2::nibbles(q).into_iter().enumerate() {
             let (lo, hi) = avx2::i8x16_to_f32(_mm_sub_epi8(nib, eight));
-            acc.add(_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d), x.as_ptr().add(16 * c));
+            acc.add(_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d), at + 16 * c);
         }
     }
 }
@@ -524,19 +560,19 @@ impl BlockFormat for Q4K {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc) {
+    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
         use std::arch::x86_64::*;
-        let (q, xp) = (b.as_ptr().add(16), x.as_ptr());
+        let q = b.as_ptr().add(16);
         for g in 0..4 {
             let [(d1, m1), (d2, m2)] = k4_group_scales(b, g);
             let [lo0, hi0] = avx2::nibbles(_mm_loadu_si128(q.add(32 * g) as *const __m128i));
             let [lo1, hi1] = avx2::nibbles(_mm_loadu_si128(q.add(32 * g + 16) as *const __m128i));
             // Elements 64g + [0..16, 16..32] are the low nibbles, [32..48, 48..64] the high.
-            let xg = xp.add(64 * g);
+            let xg = at + 64 * g;
             avx2::scale_sub_add(acc, lo0, d1, m1, xg);
-            avx2::scale_sub_add(acc, lo1, d1, m1, xg.add(16));
-            avx2::scale_sub_add(acc, hi0, d2, m2, xg.add(32));
-            avx2::scale_sub_add(acc, hi1, d2, m2, xg.add(48));
+            avx2::scale_sub_add(acc, lo1, d1, m1, xg + 16);
+            avx2::scale_sub_add(acc, hi0, d2, m2, xg + 32);
+            avx2::scale_sub_add(acc, hi1, d2, m2, xg + 48);
         }
     }
 }
@@ -567,9 +603,9 @@ impl BlockFormat for Q5K {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc) {
+    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
         use std::arch::x86_64::*;
-        let (p, xp) = (b.as_ptr(), x.as_ptr());
+        let p = b.as_ptr();
         let qh0 = _mm_loadu_si128(p.add(16) as *const __m128i);
         let qh1 = _mm_loadu_si128(p.add(32) as *const __m128i);
         for g in 0..4 {
@@ -577,11 +613,11 @@ impl BlockFormat for Q5K {
             let [lo0, hi0] = avx2::nibbles(_mm_loadu_si128(p.add(48 + 32 * g) as *const __m128i));
             let [lo1, hi1] = avx2::nibbles(_mm_loadu_si128(p.add(48 + 32 * g + 16) as *const __m128i));
             let (bit1, bit2) = (1u8 << (2 * g), 2u8 << (2 * g));
-            let xg = xp.add(64 * g);
+            let xg = at + 64 * g;
             avx2::scale_sub_add(acc, avx2::add_high_bit(lo0, qh0, bit1), d1, m1, xg);
-            avx2::scale_sub_add(acc, avx2::add_high_bit(lo1, qh1, bit1), d1, m1, xg.add(16));
-            avx2::scale_sub_add(acc, avx2::add_high_bit(hi0, qh0, bit2), d2, m2, xg.add(32));
-            avx2::scale_sub_add(acc, avx2::add_high_bit(hi1, qh1, bit2), d2, m2, xg.add(48));
+            avx2::scale_sub_add(acc, avx2::add_high_bit(lo1, qh1, bit1), d1, m1, xg + 16);
+            avx2::scale_sub_add(acc, avx2::add_high_bit(hi0, qh0, bit2), d2, m2, xg + 32);
+            avx2::scale_sub_add(acc, avx2::add_high_bit(hi1, qh1, bit2), d2, m2, xg + 48);
         }
     }
 }
@@ -623,7 +659,7 @@ impl BlockFormat for Q6K {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2(b: &[u8], x: &[f32], acc: &mut avx2::Acc) {
+    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
         use std::arch::x86_64::*;
         let (three, bias) = (_mm_set1_epi8(3), _mm_set1_epi8(32));
         let d = scale_at(b, 208);
@@ -637,7 +673,7 @@ impl BlockFormat for Q6K {
             let q = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), bias);
             let (lo, hi) = avx2::i8x16_to_f32(q);
             let ds = _mm256_set1_ps(Q6K::scale(b, d, c));
-            acc.add(_mm256_mul_ps(ds, lo), _mm256_mul_ps(ds, hi), x.as_ptr().add(16 * c));
+            acc.add(_mm256_mul_ps(ds, lo), _mm256_mul_ps(ds, hi), at + 16 * c);
         }
     }
 }
@@ -650,27 +686,41 @@ mod avx2 {
 
     use super::{combine, f16_le, BlockFormat, LANES};
 
-    /// The 16-lane accumulator: lanes 0..8 and 8..16.
-    pub(super) struct Acc([__m256; 2]);
+    /// `N` vectors and their 16-lane accumulators (lanes 0..8 and 8..16 each).
+    pub(super) struct Acc<const N: usize> {
+        xs: [*const f32; N],
+        sums: [[__m256; 2]; N],
+    }
 
-    impl Acc {
-        /// Adds `w · x[0..16]` lane by lane (`w` as lanes 0..8 and 8..16).
-        ///
-        /// # Safety
-        /// AVX2 is present and `x` points at 16 readable values.
+    impl<const N: usize> Acc<N> {
+        /// Zero accumulators for `xs`.
         #[inline(always)]
-        pub(super) unsafe fn add(&mut self, w0: __m256, w1: __m256, x: *const f32) {
-            self.0[0] = _mm256_add_ps(self.0[0], _mm256_mul_ps(w0, _mm256_loadu_ps(x)));
-            self.0[1] = _mm256_add_ps(self.0[1], _mm256_mul_ps(w1, _mm256_loadu_ps(x.add(8))));
+        unsafe fn new(xs: [&[f32]; N]) -> Self {
+            Acc { xs: xs.map(|x| x.as_ptr()), sums: [[_mm256_setzero_ps(); 2]; N] }
         }
 
-        /// The lanes combined in the fixed tree.
+        /// Adds `w · x[at..at + 16]` lane by lane to every vector's accumulator (`w` as
+        /// lanes 0..8 and 8..16).
+        ///
+        /// # Safety
+        /// AVX2 is present and every vector holds at least `at + 16` values.
         #[inline(always)]
-        unsafe fn sum(&self) -> f32 {
-            let mut lanes = [0.0f32; LANES];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), self.0[0]);
-            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), self.0[1]);
-            combine(&lanes)
+        pub(super) unsafe fn add(&mut self, w0: __m256, w1: __m256, at: usize) {
+            for (s, x) in self.sums.iter_mut().zip(self.xs) {
+                s[0] = _mm256_add_ps(s[0], _mm256_mul_ps(w0, _mm256_loadu_ps(x.add(at))));
+                s[1] = _mm256_add_ps(s[1], _mm256_mul_ps(w1, _mm256_loadu_ps(x.add(at + 8))));
+            }
+        }
+
+        /// Each vector's lanes combined in the fixed tree.
+        #[inline(always)]
+        unsafe fn sums(&self) -> [f32; N] {
+            self.sums.map(|s| {
+                let mut lanes = [0.0f32; LANES];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), s[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), s[1]);
+                combine(&lanes)
+            })
         }
     }
 
@@ -681,16 +731,22 @@ mod avx2 {
         [_mm_and_si128(q, m), _mm_and_si128(_mm_srli_epi16(q, 4), m)]
     }
 
-    /// Adds `(d·q − m) · x[0..16]` for 16 unsigned quants `q` (Q4_K/Q5_K's element
+    /// Adds `(d·q − m) · x[at..at + 16]` for 16 unsigned quants `q` (Q4_K/Q5_K's element
     /// formula, the same two roundings as the scalar decoder).
     ///
     /// # Safety
-    /// AVX2 is present and `x` points at 16 readable values.
+    /// AVX2 is present and every vector of `acc` holds at least `at + 16` values.
     #[inline(always)]
-    pub(super) unsafe fn scale_sub_add(acc: &mut Acc, q: __m128i, d: f32, m: f32, x: *const f32) {
+    pub(super) unsafe fn scale_sub_add<const N: usize>(
+        acc: &mut Acc<N>,
+        q: __m128i,
+        d: f32,
+        m: f32,
+        at: usize,
+    ) {
         let (d, m) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
         let (lo, hi) = u8x16_to_f32(q);
-        acc.add(_mm256_sub_ps(_mm256_mul_ps(d, lo), m), _mm256_sub_ps(_mm256_mul_ps(d, hi), m), x);
+        acc.add(_mm256_sub_ps(_mm256_mul_ps(d, lo), m), _mm256_sub_ps(_mm256_mul_ps(d, hi), m), at);
     }
 
     /// `q + 16` where `qh & bit` is set (Q5_K's fifth bit), bytewise.
@@ -722,14 +778,17 @@ mod avx2 {
     /// AVX2 sibling of `dot_blocks_portable`.
     ///
     /// # Safety
-    /// AVX2 is present; `bytes` holds `x.len() / F::ELEMS` whole blocks.
+    /// AVX2 is present; every vector holds `bytes.len() / F::BYTES * F::ELEMS` values.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dot_blocks<F: BlockFormat>(bytes: &[u8], x: &[f32]) -> f32 {
-        let mut acc = Acc([_mm256_setzero_ps(); 2]);
-        for (b, xb) in bytes.chunks_exact(F::BYTES).zip(x.chunks_exact(F::ELEMS)) {
-            F::accumulate_avx2(b, xb, &mut acc);
+    pub(super) unsafe fn dot_blocks<F: BlockFormat, const N: usize>(
+        bytes: &[u8],
+        xs: [&[f32]; N],
+    ) -> [f32; N] {
+        let mut acc = Acc::new(xs);
+        for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
+            F::accumulate_avx2(b, k * F::ELEMS, &mut acc);
         }
-        acc.sum()
+        acc.sums()
     }
 
     /// f16 rows, 16 values per step through F16C, then the tail in order.
@@ -739,16 +798,16 @@ mod avx2 {
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn dot_f16(bytes: &[u8], x: &[f32]) -> f32 {
         let n = x.len() / LANES * LANES;
-        let mut acc = Acc([_mm256_setzero_ps(); 2]);
+        let mut acc = Acc::new([x]);
         let p = bytes.as_ptr();
         let mut i = 0;
         while i < n {
             let w0 = _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i));
             let w1 = _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i + 16) as *const __m128i));
-            acc.add(w0, w1, x.as_ptr().add(i));
+            acc.add(w0, w1, i);
             i += LANES;
         }
-        let mut s = acc.sum();
+        let [mut s] = acc.sums();
         for (b, xv) in bytes[2 * n..].chunks_exact(2).zip(&x[n..]) {
             s += f16_le(b) * xv;
         }
@@ -903,6 +962,25 @@ mod tests {
     fn kernels_cover_exactly_the_supported_types() {
         for ty in GgmlType::ALL {
             assert_eq!(Kernel::of(ty).is_some(), ty.is_supported(), "{ty}");
+        }
+    }
+
+    #[test]
+    fn row_dots_are_bitwise_row_dot_for_each_vector() {
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        for ty in TYPES {
+            let cols = if ty.block_elems() == 1 { 37 } else { 3 * ty.block_elems() };
+            let rows = 3;
+            let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+            let m = QuantMatrix::new(ty, &data, rows, cols).unwrap();
+            let xs: Vec<Vec<f32>> = (0..4).map(|_| rand_vec(&mut rng, cols)).collect();
+            let group = [&xs[0][..], &xs[1][..], &xs[2][..], &xs[3][..]];
+            for r in 0..rows {
+                let four = m.row_dots(r, group).map(f32::to_bits);
+                let portable = m.kernel.dots_on(Isa::Portable, m.row(r).unwrap(), group).map(f32::to_bits);
+                let single = group.map(|x| m.row_dot(r, x).to_bits());
+                assert_eq!((four, portable), (single, single), "{ty} row {r}");
+            }
         }
     }
 
