@@ -9,10 +9,10 @@
 //! number of columns, the fastest-varying axis — first, `u32` ggml type, `u64` offset
 //! into the data section); padding to `general.alignment` (default 32); the data section.
 //!
-//! Hand-parsed: the crates.io GGUF parsers seen (`gguf` 0.1.2, `gguf-rs`, `gguf-rs-lib`)
-//! are small single-author crates that read whole values eagerly without bounding counts
-//! against the file, do not handle split files, and would still need our own checks of
-//! tensor extents and ggml types; the header is a few hundred lines to read exactly.
+//! Hand-parsed: of the crates.io GGUF parsers seen (`gguf` 0.1.2, `gguf-rs` 0.1.8,
+//! `gguf-rs-lib`), none documents split-file support or errors that name the tensor and
+//! offset, and each would still need our own checks of tensor extents against ggml block
+//! sizes; the header is small enough to read exactly here.
 //!
 //! Nothing here panics on a malformed file: every count is checked against the bytes
 //! that remain before anything is allocated, sizes use checked arithmetic, and each
@@ -39,7 +39,7 @@ const MAX_ARRAY_DEPTH: usize = 8;
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     /// Opening or mapping a file failed.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Io {
         /// The file.
         path: PathBuf,

@@ -7,8 +7,8 @@
 //! `gguf.quants.dequantize`, which transformers uses to load a GGUF) bit for bit: f16
 //! scales widened exactly, then the same f32 operations in the same order — for example
 //! Q4_K's `(d·sc)·q − dmin·m` and Q6_K's `(d·sc)·q`. Rust never contracts `a·b − c` into
-//! an FMA, so the results are those of the unfused reference (a llama.cpp binary built
-//! with `-march=native` may contract and differ in the last bit; gguf-py never does).
+//! an FMA, so the results are those of the unfused C reference and of gguf-py (a C build
+//! that contracts to FMA could differ in the last bit).
 //!
 //! **Dot products** dequantise in registers and multiply f32 activations (activations are
 //! never quantised). [`dot_row`] is bitwise equal to
@@ -16,6 +16,8 @@
 //! combined by `dot_f32` itself, and the tail (only f32/f16/bf16 rows can have one) is
 //! added last in order. On CPUs with AVX2 each block format has an 8-wide variant doing
 //! the same operations per element, so both paths give the same bits.
+//! [`QuantMatrix::row_dots`] decodes a row once for several activation vectors (the
+//! token-batched sibling), each result bitwise the single dot product.
 
 use rayon::prelude::*;
 use smoe_proto::ggml::{GgmlType, QK_K};
