@@ -464,3 +464,77 @@ fn split_names_are_recognised_only_in_full() {
     let (_, names) = split_names(Path::new("/d/a-b-00001-of-00002.gguf")).unwrap();
     assert_eq!(names[1], Path::new("/d/a-b-00002-of-00002.gguf"));
 }
+
+/// The GGUF model fixtures (tests/fixtures/gguf_fixtures.py: f32, bf16, Q8_0, Q4_0 and
+/// the K-quant files, Q4_K_M's mix included): metadata, tensor types and every tensor
+/// dequantised by the CPU kernels, against the fingerprints of gguf-py's dequantisation
+/// in each golden.json (first 8 values bitwise, float64 sums).
+#[test]
+fn model_fixtures_read_and_dequantise_as_gguf_py() {
+    use smoe_actors::cpu::quant::QuantMatrix;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("model.gguf").is_file())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 8, "GGUF model fixtures: {dirs:?}");
+    for dir in dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let golden: Json =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+        let g = GgufFile::open(&dir.join("model.gguf")).unwrap();
+        g.check_supported().unwrap();
+        for (key, want) in golden["metadata"].as_object().unwrap() {
+            let v = g.get(key).unwrap_or_else(|| panic!("{name}: no {key}"));
+            match (v, want) {
+                (Value::Array(_, items), Json::String(s)) => {
+                    assert_eq!(*s, format!("[{} entries]", items.len()))
+                }
+                (Value::String(a), Json::String(b)) => assert_eq!(a, b, "{name} {key}"),
+                (Value::Bool(a), Json::Bool(b)) => assert_eq!(a, b, "{name} {key}"),
+                (v, Json::Number(n)) => assert_eq!(v.as_f64(), n.as_f64(), "{name} {key}"),
+                (v, w) => panic!("{name} {key}: {v} vs {w}"),
+            }
+        }
+        let types = golden["tensor_types"].as_object().unwrap();
+        assert_eq!(g.tensors().len(), types.len(), "{name}");
+        for t in g.tensors() {
+            assert_eq!(t.ty.name().to_uppercase(), types[&t.name].as_str().unwrap().to_uppercase(), "{name}");
+            let (rows, cols) = (t.rows() as usize, t.cols() as usize);
+            let m = QuantMatrix::new(t.ty, g.tensor_data(&t.name).unwrap(), rows, cols).unwrap();
+            let mut row = vec![0.0f32; cols];
+            let (mut sum, mut abs_sum, mut first) = (0.0f64, 0.0f64, Vec::new());
+            for r in 0..rows {
+                m.dequantize_row(r, &mut row).unwrap();
+                for &v in &row {
+                    sum += f64::from(v);
+                    abs_sum += f64::from(v).abs();
+                    if first.len() < 8 {
+                        first.push(v.to_bits());
+                    }
+                }
+            }
+            let want = &golden["dequantised"][&t.name];
+            // The golden holds f32 values as f64 text; serde_json's default parse may be an
+            // ulp off in f64, never enough to change the f32.
+            let want_first: Vec<u32> = want["first"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| (v.as_f64().unwrap() as f32).to_bits())
+                .collect();
+            assert_eq!(first, want_first, "{name} {}", t.name);
+            for (ours, key) in [(sum, "sum"), (abs_sum, "abs_sum")] {
+                let w = want[key].as_f64().unwrap();
+                // numpy sums pairwise, this loop in order: equal to f64 rounding.
+                assert!(
+                    (ours - w).abs() <= 1e-9 * abs_sum.max(1.0),
+                    "{name} {} {key}: {ours} vs {w}",
+                    t.name
+                );
+            }
+        }
+    }
+}
