@@ -930,11 +930,11 @@ mod tests {
         }
     }
 
-    /// gguf-py's dequantisation of random valid blocks (tests/fixtures/make_ggml_blocks.py),
+    /// gguf-py's dequantisation of random valid blocks (tests/fixtures/make_quant_blocks.py),
     /// reproduced bit for bit; the fused dot product on the same rows matches too.
     #[test]
     fn dequantize_matches_gguf_py_golden_blocks() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/ggml_blocks");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/quant_blocks");
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         for ty in TYPES {
             let blocks = std::fs::read(dir.join(format!("{}.blocks", ty.name()))).unwrap();
