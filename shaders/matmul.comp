@@ -77,9 +77,11 @@ layout(push_constant) uniform Params {
 #error TB must be 1 or 8
 #endif
 
-#ifdef BF16
+#if defined(Q8_0) || defined(Q4_0) || defined(Q4_K) || defined(Q5_K) || defined(Q6_K)
+#include "quant.glsl"
+#elif defined(BF16) || defined(F16)
 #define CHUNK 8u
-#define FOR_Q(B) FOR8(q, B) // element q < CHUNK of a chunk
+#define FOR_Q(B) FOR8(q, B)
 #define WVEC uvec4
 layout(set = 0, binding = 0) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 0) readonly buffer W4 { uvec4 w4[]; };
@@ -87,16 +89,23 @@ layout(set = 0, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(set = 0, binding = 1) readonly buffer U { uint u[]; };
 layout(set = 0, binding = 1) readonly buffer U4 { uvec4 u4[]; };
 #endif
-#define WS(e) (((e) & 1u) == 1u ? bf16_hi(w[(e) >> 1]) : bf16_lo(w[(e) >> 1]))
-#define US(e) (((e) & 1u) == 1u ? bf16_hi(u[(e) >> 1]) : bf16_lo(u[(e) >> 1]))
-uint pack2(float lo, float hi) { return (floatBitsToUint(lo) >> 16) | (floatBitsToUint(hi) & 0xFFFF0000u); }
+#ifdef F16
+#define HALF_LO(x) f16_to_f32((x) & 0xFFFFu)
+#define HALF_HI(x) f16_to_f32((x) >> 16)
+#else
+#define HALF_LO(x) bf16_lo(x)
+#define HALF_HI(x) bf16_hi(x)
+#endif
+#define WS(e) (((e) & 1u) == 1u ? HALF_HI(w[(e) >> 1]) : HALF_LO(w[(e) >> 1]))
+#define US(e) (((e) & 1u) == 1u ? HALF_HI(u[(e) >> 1]) : HALF_LO(u[(e) >> 1]))
+// The stored 16 bits of element e of B.
+#define RAW(B, e) ((B[(e) >> 1] >> (16u * ((e) & 1u))) & 0xFFFFu)
+#define RAW2(B, e) (RAW(B, (e)) | (RAW(B, (e) + 1u) << 16))
 // The CHUNK elements starting at e, as stored, read one by one (any alignment).
-#define LOAD_SCALAR(SCAL, e)                                                            \
-    uvec4(pack2(SCAL((e)), SCAL((e) + 1u)), pack2(SCAL((e) + 2u), SCAL((e) + 3u)),       \
-          pack2(SCAL((e) + 4u), SCAL((e) + 5u)), pack2(SCAL((e) + 6u), SCAL((e) + 7u)))
+#define LOAD_SCALAR(B, e) uvec4(RAW2(B, (e)), RAW2(B, (e) + 2u), RAW2(B, (e) + 4u), RAW2(B, (e) + 6u))
 void unpack(uvec4 q, out float v[CHUNK]) {
-    v[0] = bf16_lo(q.x); v[1] = bf16_hi(q.x); v[2] = bf16_lo(q.y); v[3] = bf16_hi(q.y);
-    v[4] = bf16_lo(q.z); v[5] = bf16_hi(q.z); v[6] = bf16_lo(q.w); v[7] = bf16_hi(q.w);
+    v[0] = HALF_LO(q.x); v[1] = HALF_HI(q.x); v[2] = HALF_LO(q.y); v[3] = HALF_HI(q.y);
+    v[4] = HALF_LO(q.z); v[5] = HALF_HI(q.z); v[6] = HALF_LO(q.w); v[7] = HALF_HI(q.w);
 }
 #else
 #define CHUNK 4u
@@ -110,10 +119,18 @@ layout(set = 0, binding = 1) readonly buffer U4 { vec4 u4[]; };
 #endif
 #define WS(e) w[e]
 #define US(e) u[e]
-#define LOAD_SCALAR(SCAL, e) vec4(SCAL((e)), SCAL((e) + 1u), SCAL((e) + 2u), SCAL((e) + 3u))
+#define LOAD_SCALAR(B, e) vec4(B[(e)], B[(e) + 1u], B[(e) + 2u], B[(e) + 3u])
 void unpack(vec4 q, out float v[CHUNK]) {
     v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
 }
+#endif
+
+#ifndef QUANT
+// Plain element types: offsets and rows in elements; chunks loaded one by one where the
+// vector load does not apply.
+#define ROW_UNITS pc.cols
+#define LOAD_W(row, e) LOAD_SCALAR(w, (row) + (e))
+#define LOAD_U(row, e) LOAD_SCALAR(u, (row) + (e))
 #endif
 
 #ifdef GATE_UP
@@ -165,12 +182,14 @@ void main() {
     uint wo = pc.w_off + delta;
     uint uo = pc.w2_off + delta;
     uint nch = pc.cols / CHUNK;
+#ifndef QUANT
     bool wvec = pc.cols % CHUNK == 0u && wo % CHUNK == 0u && uo % CHUNK == 0u;
+#endif
     bool xvec = pc.x_off % 4u == 0u && pc.x_stride % 4u == 0u;
     // Loops over the specialization constants run to their compile-time bounds (FOR_X),
     // with the constants as guards.
     uint wrow[MAX_RPT];
-#define WROW wrow[r] = min(rowb + min(r, RPT - 1u), pc.rows - 1u) * pc.cols;
+#define WROW wrow[r] = min(rowb + min(r, RPT - 1u), pc.rows - 1u) * ROW_UNITS;
     FOR_R(WROW)
 
     for (uint t0 = 0u; t0 < n; t0 += TB) {
@@ -185,6 +204,7 @@ void main() {
             // unused) ...
             WVEC wq[MAX_UNROLL * MAX_RPT];
             GU(WVEC uq[MAX_UNROLL * MAX_RPT];)
+#ifndef QUANT
             if (wvec) {
 #define LOAD_VEC                                                                         \
     if (v < UNROLL && r < RPT) {                                                         \
@@ -193,12 +213,14 @@ void main() {
         GU(uq[v * MAX_RPT + r] = u4[(uo + wrow[r]) / CHUNK + c];)                        \
     }
                 FOR_V(FOR_R(LOAD_VEC))
-            } else {
+            } else
+#endif
+            {
 #define LOAD_ANY                                                                         \
     if (v < UNROLL && r < RPT) {                                                         \
         uint e = min(c0 + v * LANES, nch - 1u) * CHUNK;                                  \
-        wq[v * MAX_RPT + r] = LOAD_SCALAR(WS, wo + wrow[r] + e);                         \
-        GU(uq[v * MAX_RPT + r] = LOAD_SCALAR(US, uo + wrow[r] + e);)                     \
+        wq[v * MAX_RPT + r] = LOAD_W(wo + wrow[r], e);                                   \
+        GU(uq[v * MAX_RPT + r] = LOAD_U(uo + wrow[r], e);)                               \
     }
                 FOR_V(FOR_R(LOAD_ANY))
             }
@@ -239,6 +261,7 @@ void main() {
     GU(acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xq[q / 4u][q % 4u];)
             FOR_V(CHUNK_STEP)
         }
+#ifndef QUANT
         if (lane == 0u) {
             for (uint e = nch * CHUNK; e < pc.cols; e++) {
 #define TAIL_ROW                                                                         \
@@ -254,6 +277,7 @@ void main() {
                 FOR_R(TAIL_ROW)
             }
         }
+#endif
         // The fixed tree of common.glsl: strides of at least the subgroup size through
         // shared memory, smaller ones by butterfly shuffles (the same sums in lane 0).
         uint s = LANES / 2u;
