@@ -38,8 +38,10 @@ fn checked_in_spirv_matches_the_glsl_sources() {
     assert!(n > 0);
 }
 
-/// The matmul modules of `shaders/spv` (all 8 of them): name and instructions, each
-/// instruction as its words (the first holds the opcode in its low 16 bits).
+/// The matmul modules of `shaders/spv` (every module `shaders.txt` builds from
+/// `matmul.comp`: each weight format's m=1, batched and gate/up kernels): name and
+/// instructions, each instruction as its words (the first holds the opcode in its low 16
+/// bits).
 fn matmul_modules() -> Vec<(String, Vec<Vec<u32>>)> {
     let spv = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/spv");
     let mut modules = Vec::new();
@@ -61,7 +63,10 @@ fn matmul_modules() -> Vec<(String, Vec<Vec<u32>>)> {
         }
         modules.push((name, insts));
     }
-    assert_eq!(modules.len(), 8);
+    let list = std::fs::read_to_string(spv.with_file_name("shaders.txt")).unwrap();
+    let listed = list.lines().filter(|l| l.split_whitespace().nth(1) == Some("matmul.comp")).count();
+    assert_eq!(modules.len(), listed);
+    assert!(listed >= 32, "f32, bf16, f16 and five block formats, 4 kernels each");
     modules
 }
 
