@@ -1,5 +1,7 @@
 #version 450
-// Dense projection: out[t][row] = W[row] . x[t] for m tokens (row-major W, f32 or bf16).
+// Dense projection: out[t][row] = W[row] . x[t] for m tokens (row-major W of one weight
+// type: f32, or with BF16 / F16 16-bit floats, or with Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K
+// ggml blocks dequantised in registers by quant.glsl).
 // TB = tokens per pass: 1 is the m=1 matvec, 8 the token-batched sibling that reuses each
 // weight chunk for 8 tokens. Both follow common.glsl's summation order exactly, so they
 // give the same bytes for every element.
@@ -15,8 +17,8 @@
 // order and is the same for the m=1 and batched kernels of one device.
 //
 // With FLAG_TABLE one dispatch covers several experts (workgroup y = table entry j):
-// entry j = route_u[tab_off + 3j ..] = (weight element offset added to w_off and w2_off,
-// first pair p0, pair count n); its tokens are pairs p0 .. p0 + n - 1, whose input and
+// entry j = route_u[tab_off + 3j ..] = (weight byte offset, which in weight units
+// (UNIT_BYTES) is added to w_off and w2_off, first pair p0, pair count n); its tokens are pairs p0 .. p0 + n - 1, whose input and
 // output rows follow FLAG_GATHER / FLAG_SCATTER (or are the pair index itself).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -35,8 +37,8 @@ layout(push_constant) uniform Params {
     uint rows;       // output rows of this dispatch
     uint cols;       // inputs per row
     uint m;          // tokens (without FLAG_TABLE)
-    uint w_off;      // element offset of row 0 in the weight binding (gate)
-    uint w2_off;     // element offset of row 0 of the up weights (GATE_UP only)
+    uint w_off;      // offset of row 0 in the weight binding (gate), in weight units
+    uint w2_off;     // offset of row 0 of the up weights (GATE_UP only), in weight units
     uint x_off;      // act offset of token 0's input
     uint x_stride;   // act elements between tokens' inputs
     uint out_off;    // act offset of (token 0, row 0) of the output
@@ -80,6 +82,7 @@ layout(push_constant) uniform Params {
 #if defined(Q8_0) || defined(Q4_0) || defined(Q4_K) || defined(Q5_K) || defined(Q6_K)
 #include "quant.glsl"
 #elif defined(BF16) || defined(F16)
+#define UNIT_BYTES 2u
 #define CHUNK 8u
 #define FOR_Q(B) FOR8(q, B)
 #define WVEC uvec4
@@ -108,6 +111,7 @@ void unpack(uvec4 q, out float v[CHUNK]) {
     v[4] = HALF_LO(q.z); v[5] = HALF_HI(q.z); v[6] = HALF_LO(q.w); v[7] = HALF_HI(q.w);
 }
 #else
+#define UNIT_BYTES 4u
 #define CHUNK 4u
 #define FOR_Q(B) FOR4(q, B)
 #define WVEC vec4
@@ -126,8 +130,8 @@ void unpack(vec4 q, out float v[CHUNK]) {
 #endif
 
 #ifndef QUANT
-// Plain element types: offsets and rows in elements; chunks loaded one by one where the
-// vector load does not apply.
+// Plain element types: weight units are elements (UNIT_BYTES each), rows are cols units
+// apart; chunks are loaded one by one where the vector load does not apply.
 #define ROW_UNITS pc.cols
 #define LOAD_W(row, e) LOAD_SCALAR(w, (row) + (e))
 #define LOAD_U(row, e) LOAD_SCALAR(u, (row) + (e))
@@ -175,7 +179,7 @@ void main() {
     uint n = pc.m;
     if ((pc.flags & FLAG_TABLE) != 0u) {
         uint te = pc.tab_off + 3u * gl_WorkGroupID.y;
-        delta = route_u[te];
+        delta = route_u[te] / UNIT_BYTES;
         p0 = route_u[te + 1u];
         n = route_u[te + 2u];
     }

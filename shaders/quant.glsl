@@ -5,8 +5,9 @@
 // them `precise` — so each weight is bitwise actors/src/cpu/quant.rs's. Define exactly
 // one of Q8_0, Q4_0, Q4_K, Q5_K, Q6_K before including.
 //
-// Offsets are bytes: a row starts ROW_UNITS = (cols / QK) * QB bytes after the previous
-// one, and pc.w_off, pc.w2_off and the expert table's offsets are byte offsets of row 0.
+// Weight units are bytes (UNIT_BYTES = 1): a row starts ROW_UNITS = (cols / QK) * QB bytes
+// after the previous one, and pc.w_off, pc.w2_off and the expert table's offsets are
+// byte offsets of row 0.
 // Rows are whole blocks (cols % QK == 0), so a row has no tail and a chunk never
 // straddles a block. The binding is read in 32-bit words: the row-0 offsets must be
 // multiples of 4 (vault parts are 64-byte aligned, bound ranges start aligned); blocks
@@ -26,6 +27,7 @@
 #define FOR_Q(B) FOR8(q, B)
 #define WVEC uvec4
 #define QUANT
+#define UNIT_BYTES 1u
 layout(set = 0, binding = 0) readonly buffer W { uint w[]; };
 #ifdef GATE_UP
 layout(set = 0, binding = 1) readonly buffer U { uint u[]; };
@@ -132,22 +134,28 @@ uvec4 load_u(uint row, uint e) { LOAD_BODY(u) }
 #define LOAD_U(row, e) load_u(row, e)
 #endif
 
+// float(q - bias) for a small integer q >= 0 without an int-to-float conversion (a
+// quarter-rate instruction or slower on NVIDIA GPUs): the bits of 2^23 + q, minus
+// 2^23 + bias. Both operands and the difference are integers below 2^24, so the result
+// is exact: the bits of float(q - bias).
+#define QFLOAT(q, bias) (uintBitsToFloat(0x4B000000u | (q)) - (8388608.0 + float(bias)))
+
 // The 8 weights of a loaded chunk, as ggml computes them.
 void unpack(uvec4 c, out float v[CHUNK]) {
 #ifdef K4
-    precise float ds = f16_to_f32(c.x & 0xFFFFu) * float(c.w & 0xFFu);
-    precise float dm = f16_to_f32(c.x >> 16) * float(c.w >> 8);
+    precise float ds = f16_to_f32(c.x & 0xFFFFu) * QFLOAT(c.w & 0xFFu, 0);
+    precise float dm = f16_to_f32(c.x >> 16) * QFLOAT(c.w >> 8, 0);
 #define DEQ                                                                               \
-    precise float y = ds * float(QBYTE(c, q)) - dm;                                       \
+    precise float y = ds * QFLOAT(QBYTE(c, q), 0) - dm;                                   \
     v[q] = y;
 #else
 #ifdef SUB_SCALE
-    precise float ds = f16_to_f32(c.x) * float(int(c.w << 24) >> 24);
+    precise float ds = f16_to_f32(c.x) * QFLOAT(c.w ^ 0x80u, 128); // the i8 scale
 #else
     float ds = f16_to_f32(c.x);
 #endif
 #define DEQ                                                                               \
-    precise float y = ds * float(int(QBYTE(c, q)) - BIAS);                                \
+    precise float y = ds * QFLOAT(QBYTE(c, q), BIAS);                                     \
     v[q] = y;
 #endif
     FOR_Q(DEQ)

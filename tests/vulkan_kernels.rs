@@ -1,18 +1,21 @@
-//! Every batched Vulkan kernel against its m=1 sibling, byte for byte, on awkward
-//! shapes (odd sizes, tails, misaligned offsets, gathered and scattered rows), and
-//! against the CPU reference within rounding.
+//! Every batched Vulkan kernel against its m=1 sibling, byte for byte, for every weight
+//! type (f32, bf16, f16 and the ggml block formats) on awkward shapes (odd sizes, tails,
+//! misaligned offsets, blocks on odd half-words, gathered and scattered rows); each
+//! dequantised weight bitwise the CPU's; and the products against the CPU reference
+//! within rounding.
 #![cfg(feature = "vulkan")]
 
 mod vulkan;
 
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smoe_actors::cpu::kernels;
-use smoe_actors::tensor::{WeightData, WeightView};
+use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
-    KernelHarness, MatmulArgs, MatmulTuning, Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER,
-    FLAG_TABLE,
+    weight_unit, KernelHarness, MatmulArgs, MatmulTuning, Projection, FLAG_ACCUMULATE, FLAG_GATHER,
+    FLAG_SCATTER, FLAG_TABLE,
 };
+use smoe_proto::DType;
 
 const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
@@ -23,6 +26,11 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (130, 96, 17),
     (1031, 65, 2),
     (40, 2048, 11),
+    // Whole blocks of every format; Q8_0, Q4_0 and Q6_K rows of an odd number of blocks
+    // start on odd half-words.
+    (19, 256, 6),
+    (65, 800, 3),
+    (33, 1280, 9),
 ];
 
 fn rand_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
@@ -33,8 +41,83 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-fn bf16(v: &[f32]) -> Vec<u16> {
-    v.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect()
+/// A random f16 scale: mostly 2^-12 .. 2^-8 in magnitude, one in eight subnormal.
+fn f16_scale(rng: &mut ChaCha8Rng) -> [u8; 2] {
+    let e = if rng.random_range(0..8) == 0 { rng.random_range(-24..-14) } else { rng.random_range(-12..-8) };
+    let v = (2.0f32).powi(e) * rng.random_range(1.0f32..2.0) * if rng.random() { 1.0 } else { -1.0 };
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// A `rows × cols` weight matrix stored as `dtype`: random values in [-1, 1) for the
+/// float types (f16 with subnormals too), random blocks (every quant bit pattern, f16 scales from [`f16_scale`])
+/// for the block formats. Kept in words so that f32 views are aligned.
+struct Mat {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    words: Vec<u32>,
+}
+
+impl Mat {
+    fn random(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> Mat {
+        let n = rows * cols;
+        let mut bytes: Vec<u8> = match dtype {
+            DType::F32 => rand_vec(rng, n).iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::Bf16 => rand_vec(rng, n).iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+            // One element in 17 a subnormal.
+            DType::F16 => (0..n)
+                .flat_map(|i| {
+                    let bits = if i % 17 == 0 {
+                        rng.random_range(1u16..0x400) | if rng.random() { 0x8000 } else { 0 }
+                    } else {
+                        half::f16::from_f32(rng.random_range(-1.0f32..1.0)).to_bits()
+                    };
+                    bits.to_le_bytes()
+                })
+                .collect(),
+            _ => {
+                let len = dtype.matrix_bytes(rows, cols).expect("whole blocks") as usize;
+                let mut b = vec![0u8; len];
+                rng.fill_bytes(&mut b);
+                // The f16 scales of each block: d (Q8_0, Q4_0), d and dmin (Q4_K, Q5_K),
+                // d at the end (Q6_K).
+                let (bb, at): (usize, &[usize]) = match dtype {
+                    DType::Q8_0 => (34, &[0]),
+                    DType::Q4_0 => (18, &[0]),
+                    DType::Q4K => (144, &[0, 2]),
+                    DType::Q5K => (176, &[0, 2]),
+                    DType::Q6K => (210, &[208]),
+                    _ => unreachable!("a block format"),
+                };
+                for blk in b.chunks_exact_mut(bb) {
+                    for &o in at {
+                        blk[o..o + 2].copy_from_slice(&f16_scale(rng));
+                    }
+                }
+                b
+            }
+        };
+        bytes.resize(bytes.len().next_multiple_of(4), 0);
+        let words = bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+        Mat { dtype, rows, cols, words }
+    }
+
+    /// The matrix as the engine views it.
+    fn view(&self) -> WeightView<'_> {
+        WeightView::from_bytes(self.dtype, bytemuck::cast_slice(&self.words), self.rows, self.cols)
+    }
+
+    /// Row `r` dequantised (widened) on the CPU, bitwise as ggml does.
+    fn row_f32(&self, r: usize) -> Vec<f32> {
+        let mut out = vec![0.0; self.cols];
+        kernels::row_to_f32(&self.view(), r, &mut out);
+        out
+    }
+}
+
+/// The weight types whose rows can have `cols` elements (block formats need whole blocks).
+fn dtypes(cols: usize) -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(move |d| d.row_bytes(cols).is_some())
 }
 
 /// Largest |a - b| relative to max(1, |b|).
@@ -48,16 +131,15 @@ fn batched_matmul_is_byte_identical_to_matvec() {
     let h = KernelHarness::new(ctx, 1 << 20, 1024).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for &(rows, cols, m) in SHAPES {
-        let wf = rand_vec(&mut rng, rows * cols);
-        let wb = bf16(&wf);
+        let mats: Vec<Mat> = dtypes(cols).map(|d| Mat::random(&mut rng, d, rows, cols)).collect();
         // x_off 0 takes the vector path where shapes allow; 3 forces the scalar path.
         for x_off in [0usize, 3] {
             let xs = rand_vec(&mut rng, m * cols);
             h.write_act(x_off, &xs).unwrap();
             let out_b = 300_000;
             let out_1 = 600_000;
-            for data in [WeightData::F32(&wf), WeightData::Bf16(&wb)] {
-                let view = WeightView { data, rows, cols };
+            for mat in &mats {
+                let view = mat.view();
                 let w = h.weight(&view, false).unwrap();
                 let a = MatmulArgs {
                     m: m as u32,
@@ -102,8 +184,6 @@ fn batched_gate_up_with_gather_is_byte_identical_to_m1() {
     let h = KernelHarness::new(ctx, 1 << 20, 4096).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(12);
     for &(rows, cols, m) in SHAPES {
-        let (gf, uf) = (rand_vec(&mut rng, rows * cols), rand_vec(&mut rng, rows * cols));
-        let (gb, ub) = (bf16(&gf), bf16(&uf));
         let xs = rand_vec(&mut rng, m * cols);
         h.write_act(0, &xs).unwrap();
         // Pair indices t·k + r with k = 3, in a scrambled token order: token of pair j is
@@ -111,11 +191,10 @@ fn batched_gate_up_with_gather_is_byte_identical_to_m1() {
         let k = 3u32;
         let map: Vec<u32> = (0..m as u32).rev().map(|t| t * k + (t % k)).collect();
         h.write_route(&map).unwrap();
-        for (g, u) in
-            [(WeightData::F32(&gf), WeightData::F32(&uf)), (WeightData::Bf16(&gb), WeightData::Bf16(&ub))]
-        {
-            let gw = h.weight(&WeightView { data: g, rows, cols }, false).unwrap();
-            let uw = h.weight(&WeightView { data: u, rows, cols }, true).unwrap();
+        for dtype in dtypes(cols) {
+            let (g, u) = (Mat::random(&mut rng, dtype, rows, cols), Mat::random(&mut rng, dtype, rows, cols));
+            let gw = h.weight(&g.view(), false).unwrap();
+            let uw = h.weight(&u.view(), true).unwrap();
             let pair = h.pair(&gw, &uw).unwrap();
             let base = MatmulArgs {
                 x_off: 0,
@@ -134,8 +213,7 @@ fn batched_gate_up_with_gather_is_byte_identical_to_m1() {
             let single = h.read_act(600_000, m * rows).unwrap();
             assert_eq!(bits(&batched), bits(&single), "{:?} rows {rows} cols {cols} m {m}", gw.dtype);
             // CPU: silu(g·x) * (u·x) for the gathered rows.
-            let gv = WeightView { data: g, rows, cols };
-            let uv = WeightView { data: u, rows, cols };
+            let (gv, uv) = (g.view(), u.view());
             for (j, &p) in map.iter().enumerate() {
                 let t = (p / k) as usize;
                 let x = &xs[t * cols..(t + 1) * cols];
@@ -158,8 +236,7 @@ fn batched_scatter_and_accumulate_are_byte_identical_to_m1() {
     let h = KernelHarness::new(ctx, 1 << 20, 1024).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     let (rows, cols, m) = (77usize, 45usize, 13usize);
-    let wf = rand_vec(&mut rng, rows * cols);
-    let w = h.weight(&WeightView { data: WeightData::F32(&wf), rows, cols }, true).unwrap();
+    let w = h.weight(&Mat::random(&mut rng, DType::F32, rows, cols).view(), true).unwrap();
     let xs = rand_vec(&mut rng, m * cols);
     let init = rand_vec(&mut rng, m * rows);
     h.write_act(0, &xs).unwrap();
@@ -190,14 +267,46 @@ fn batched_scatter_and_accumulate_are_byte_identical_to_m1() {
 }
 
 /// Writes `pairs` token indices (pair p → token `map[p]`), then the expert table at
-/// `tab`: expert e at weight offset e·rows·cols with pairs `segs[e]`.
-fn write_table(h: &KernelHarness, map: &[u32], tab: usize, rows: usize, cols: usize, segs: &[(u32, u32)]) {
+/// `tab`: expert e at byte offset e·stride with pairs `segs[e]`.
+fn write_table(h: &KernelHarness, map: &[u32], tab: usize, stride: u64, segs: &[(u32, u32)]) {
     let mut route = map.to_vec();
     route.resize(tab, 0);
     for (e, &(s, n)) in segs.iter().enumerate() {
-        route.extend([(e * rows * cols) as u32, s, n]);
+        route.extend([(e as u64 * stride) as u32, s, n]);
     }
     h.write_route(&route).unwrap();
+}
+
+/// Expert blobs laid out as a vault's: per expert `gate` and `up` (`inter × hidden`, of
+/// type `gu`) and `down` (`hidden × inter`, of type `dn`), each part at a 64-byte aligned
+/// offset, experts `stride` bytes apart.
+struct Blobs {
+    words: Vec<u32>,
+    /// Byte offsets of the gate, up and down parts in a blob.
+    parts: [u64; 3],
+    stride: u64,
+}
+
+impl Blobs {
+    fn random(rng: &mut ChaCha8Rng, n: usize, [gu, dn]: [DType; 2], inter: usize, hidden: usize) -> Blobs {
+        let shapes = [(gu, inter, hidden), (gu, inter, hidden), (dn, hidden, inter)];
+        let mut parts = [0u64; 3];
+        let mut end = 0;
+        for (p, &(d, r, c)) in parts.iter_mut().zip(&shapes) {
+            *p = end;
+            end = (end + d.matrix_bytes(r, c).unwrap()).next_multiple_of(64);
+        }
+        let stride = end;
+        let mut words = vec![0u32; n * stride as usize / 4];
+        for e in 0..n {
+            for (&p, &(d, r, c)) in parts.iter().zip(&shapes) {
+                let m = Mat::random(rng, d, r, c);
+                let at = (e as u64 * stride + p) as usize / 4;
+                words[at..at + m.words.len()].copy_from_slice(&m.words);
+            }
+        }
+        Blobs { words, parts, stride }
+    }
 }
 
 #[test]
@@ -207,103 +316,111 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
     let mut rng = ChaCha8Rng::seed_from_u64(14);
     // Experts with 1 (m=1 kernel alone), 5 and 9 pairs, in one table dispatch.
     let segs = [(0u32, 5u32), (5, 1), (6, 9)];
-    let pairs = 15usize;
-    for &(rows, cols) in &[(37usize, 45usize), (16, 64), (130, 96)] {
-        let e = segs.len();
-        let (gf, uf) = (rand_vec(&mut rng, e * rows * cols), rand_vec(&mut rng, e * rows * cols));
-        let (gb, ub) = (bf16(&gf), bf16(&uf));
-        let tokens = 7usize;
-        h.write_act(0, &rand_vec(&mut rng, tokens * cols)).unwrap();
-        let map: Vec<u32> = (0..pairs as u32).map(|p| (p * 3) % tokens as u32).collect();
-        let tab = 1024;
-        write_table(&h, &map, tab, rows, cols, &segs);
-        for (g, u) in
-            [(WeightData::F32(&gf), WeightData::F32(&uf)), (WeightData::Bf16(&gb), WeightData::Bf16(&ub))]
-        {
-            let gw = h.weight(&WeightView { data: g, rows: e * rows, cols }, false).unwrap();
-            let uw = h.weight(&WeightView { data: u, rows: e * rows, cols }, true).unwrap();
-            let pair = h.pair(&gw, &uw).unwrap();
-            let base = MatmulArgs {
-                rows: rows as u32,
-                cols: cols as u32,
-                x_stride: cols as u32,
-                out_stride: rows as u32,
+    let (e, pairs, tokens, tab) = (segs.len(), 15usize, 7usize, 1024usize);
+    for &(inter, hidden) in &[(37usize, 45usize), (32, 96), (256, 512)] {
+        // Every type for all three parts, and mixes of gate/up and down types (a Q4_K_M
+        // file keeps some layers' down projections in Q6_K).
+        let same = DType::ALL.map(|d| [d, d]);
+        let mixed = [[DType::Q4K, DType::Q6K], [DType::Q5K, DType::Q8_0], [DType::Bf16, DType::Q4_0], [DType::Q6K, DType::F16]];
+        let kinds = same.iter().chain(&mixed).filter(|[g, d]| g.row_bytes(hidden).is_some() && d.row_bytes(inter).is_some());
+        for &[gu, dn] in kinds {
+            let b = Blobs::random(&mut rng, e, [gu, dn], inter, hidden);
+            let (down_set, pair) = h.blobs(bytemuck::cast_slice(&b.words), false).unwrap();
+            let (ug, ud) = (weight_unit(gu), weight_unit(dn));
+            let at = |i: usize, part: usize, unit: u64| ((i as u64 * b.stride + b.parts[part]) / unit) as u32;
+            h.write_act(0, &rand_vec(&mut rng, tokens * hidden)).unwrap();
+            let map: Vec<u32> = (0..pairs as u32).map(|p| (p * 3) % tokens as u32).collect();
+            write_table(&h, &map, tab, b.stride, &segs);
+            // gate/up: gathered inputs, outputs by pair; then the down projection: inputs by
+            // pair, scattered (accumulated) outputs.
+            let gate_up = MatmulArgs {
+                rows: inter as u32,
+                cols: hidden as u32,
+                x_stride: hidden as u32,
+                out_stride: inter as u32,
                 map_div: 1,
+                flags: FLAG_GATHER,
                 ..Default::default()
             };
-            // gate/up: gathered inputs, outputs by pair; then down-style: inputs by pair,
-            // scattered (accumulated) outputs.
             let (t_out, e_out) = (300_000u32, 600_000u32);
             h.run(
                 |r| {
                     let a = MatmulArgs {
+                        w_off: at(0, 0, ug),
+                        w2_off: at(0, 1, ug),
                         out_off: t_out,
                         flags: FLAG_GATHER | FLAG_TABLE,
                         tab_off: tab as u32,
                         groups: e as u32,
-                        ..base
+                        ..gate_up
                     };
-                    r.matmul(Projection::GateUp, gw.dtype, true, pair.clone(), a)?;
+                    r.matmul(Projection::GateUp, gu, true, pair.clone(), a)?;
                     for (i, &(s, n)) in segs.iter().enumerate() {
-                        let off = (i * rows * cols) as u32;
                         let a = MatmulArgs {
                             m: n,
-                            w_off: off,
-                            w2_off: off,
+                            w_off: at(i, 0, ug),
+                            w2_off: at(i, 1, ug),
                             map_off: s,
-                            out_off: e_out + s * rows as u32,
-                            flags: FLAG_GATHER,
-                            ..base
+                            out_off: e_out + s * inter as u32,
+                            ..gate_up
                         };
-                        r.matmul(Projection::GateUp, gw.dtype, n > 1, pair.clone(), a)?;
+                        r.matmul(Projection::GateUp, gu, n > 1, pair.clone(), a)?;
                     }
                     Ok(())
                 },
                 1,
             )
             .unwrap();
-            let a = h.read_act(t_out as usize, pairs * rows).unwrap();
-            let b = h.read_act(e_out as usize, pairs * rows).unwrap();
-            assert_eq!(bits(&a), bits(&b), "gate/up {:?} rows {rows} cols {cols}", gw.dtype);
+            let x = h.read_act(t_out as usize, pairs * inter).unwrap();
+            let y = h.read_act(e_out as usize, pairs * inter).unwrap();
+            assert_eq!(bits(&x), bits(&y), "gate/up {gu}/{dn} inter {inter} hidden {hidden}");
             // Scattered rows are distinct (as the executor's pair rows are).
             let perm: Vec<u32> = (0..pairs as u32).map(|p| (p * 4) % pairs as u32).collect();
-            write_table(&h, &perm, tab, rows, cols, &segs);
-            let init = rand_vec(&mut rng, pairs * rows);
+            write_table(&h, &perm, tab, b.stride, &segs);
+            let init = rand_vec(&mut rng, pairs * hidden);
             h.write_act(t_out as usize, &init).unwrap();
             h.write_act(e_out as usize, &init).unwrap();
             let x_off = 100_000u32;
-            h.write_act(x_off as usize, &rand_vec(&mut rng, pairs * cols)).unwrap();
-            let down = MatmulArgs { x_off, flags: FLAG_SCATTER | FLAG_ACCUMULATE, ..base };
+            h.write_act(x_off as usize, &rand_vec(&mut rng, pairs * inter)).unwrap();
+            let down = MatmulArgs {
+                rows: hidden as u32,
+                cols: inter as u32,
+                x_off,
+                x_stride: inter as u32,
+                out_stride: hidden as u32,
+                flags: FLAG_SCATTER | FLAG_ACCUMULATE,
+                ..Default::default()
+            };
             h.run(
                 |r| {
                     let a = MatmulArgs {
+                        w_off: at(0, 2, ud),
                         out_off: t_out,
                         flags: down.flags | FLAG_TABLE,
                         tab_off: tab as u32,
                         groups: e as u32,
                         ..down
                     };
-                    r.matmul(Projection::Down, gw.dtype, true, gw.set(), a)?;
+                    r.matmul(Projection::Down, dn, true, down_set.clone(), a)?;
                     for (i, &(s, n)) in segs.iter().enumerate() {
                         let a = MatmulArgs {
                             m: n,
-                            w_off: (i * rows * cols) as u32,
-                            x_off: x_off + s * cols as u32,
+                            w_off: at(i, 2, ud),
+                            x_off: x_off + s * inter as u32,
                             map_off: s,
                             out_off: e_out,
                             ..down
                         };
-                        r.matmul(Projection::Down, gw.dtype, n > 1, gw.set(), a)?;
+                        r.matmul(Projection::Down, dn, n > 1, down_set.clone(), a)?;
                     }
                     Ok(())
                 },
                 1,
             )
             .unwrap();
-            let a = h.read_act(t_out as usize, pairs * rows).unwrap();
-            let b = h.read_act(e_out as usize, pairs * rows).unwrap();
-            assert_eq!(bits(&a), bits(&b), "down {:?} rows {rows} cols {cols}", gw.dtype);
-            write_table(&h, &map, tab, rows, cols, &segs);
+            let x = h.read_act(t_out as usize, pairs * hidden).unwrap();
+            let y = h.read_act(e_out as usize, pairs * hidden).unwrap();
+            assert_eq!(bits(&x), bits(&y), "down {gu}/{dn} inter {inter} hidden {hidden}");
         }
     }
 }
@@ -315,24 +432,28 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let tunings = [(1, 1, 4), (2, 2, 1), (4, 2, 3), (3, 8, 2), (2, 5, 4)]
         .map(|(rows_m1, unroll, rows_down)| MatmulTuning { lanes: 32, rows_m1, unroll, rows_down });
     let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2)];
+    // One type of each family of loads and dequantisation.
+    let types = [DType::F32, DType::Bf16, DType::F16, DType::Q8_0, DType::Q4K, DType::Q6K];
     let data: Vec<_> = shapes
         .iter()
         .map(|&(rows, cols, m)| {
-            (rand_vec(&mut rng, rows * cols), rand_vec(&mut rng, rows * cols), rand_vec(&mut rng, m * cols))
+            let mats: Vec<_> = types
+                .iter()
+                .filter(|d| d.row_bytes(cols).is_some())
+                .map(|&d| (Mat::random(&mut rng, d, rows, cols), Mat::random(&mut rng, d, rows, cols)))
+                .collect();
+            (mats, rand_vec(&mut rng, m * cols))
         })
         .collect();
     let mut first: Option<Vec<Vec<u32>>> = None;
     for t in tunings {
         let h = KernelHarness::with_tuning(ctx.clone(), 1 << 20, 1024, t).unwrap();
         let mut outs = Vec::new();
-        for (&(rows, cols, m), (gf, uf, xs)) in shapes.iter().zip(&data) {
+        for (&(rows, cols, m), (mats, xs)) in shapes.iter().zip(&data) {
             h.write_act(0, xs).unwrap();
-            let (gb, ub) = (bf16(gf), bf16(uf));
-            for (g, u) in
-                [(WeightData::F32(gf), WeightData::F32(uf)), (WeightData::Bf16(&gb), WeightData::Bf16(&ub))]
-            {
-                let gw = h.weight(&WeightView { data: g, rows, cols }, false).unwrap();
-                let uw = h.weight(&WeightView { data: u, rows, cols }, false).unwrap();
+            for (g, u) in mats {
+                let gw = h.weight(&g.view(), false).unwrap();
+                let uw = h.weight(&u.view(), false).unwrap();
                 let pair = h.pair(&gw, &uw).unwrap();
                 for batched in [false, true] {
                     let a = MatmulArgs {
@@ -362,6 +483,44 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
         match &first {
             None => first = Some(outs),
             Some(f) => assert!(f == &outs, "tuning {t:?} changed results"),
+        }
+    }
+}
+
+#[test]
+fn each_dequantised_weight_is_bitwise_the_cpus() {
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 1024).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    // Token t's input is the unit vector e_t, so out[t][r] = 1·W[r][t] plus exact zeros:
+    // the kernel's own dequantised weight, whatever the summation order.
+    for &(rows, cols) in &[(5usize, 256usize), (3, 512), (9, 96)] {
+        let mut eye = vec![0.0f32; cols * cols];
+        (0..cols).for_each(|t| eye[t * cols + t] = 1.0);
+        h.write_act(0, &eye).unwrap();
+        let out = cols * cols;
+        for dtype in dtypes(cols) {
+            let mat = Mat::random(&mut rng, dtype, rows, cols);
+            let w = h.weight(&mat.view(), false).unwrap();
+            let a = MatmulArgs {
+                m: cols as u32,
+                x_stride: cols as u32,
+                out_off: out as u32,
+                out_stride: rows as u32,
+                ..Default::default()
+            };
+            h.matmul(&w, a, true, 1).unwrap();
+            let got = h.read_act(out, cols * rows).unwrap();
+            for r in 0..rows {
+                for (t, &want) in mat.row_f32(r).iter().enumerate() {
+                    let g = got[t * rows + r];
+                    // A −0.0 weight comes out as +0.0 (0 + −0 = +0); every other is exact.
+                    assert!(
+                        g.to_bits() == want.to_bits() || (g == 0.0 && want == 0.0),
+                        "{dtype} rows {rows} cols {cols}: W[{r}][{t}] = {g:e} on the GPU, {want:e} on the CPU"
+                    );
+                }
+            }
         }
     }
 }

@@ -19,7 +19,8 @@ use super::VulkanError;
 use crate::tensor::WeightView;
 
 pub use super::record::{
-    MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
+    weight_unit, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER,
+    FLAG_TABLE,
 };
 pub use vulkano::descriptor_set::DescriptorSet;
 
@@ -126,6 +127,30 @@ impl KernelHarness {
         };
         let set = set0(&self.ctx, &typed(&self.kernels, dtype).matvec, std::slice::from_ref(&buf))?;
         Ok(TestWeight { dtype, rows: w.rows, cols: w.cols, bytes: buf, set })
+    }
+
+    /// Expert blobs (`bytes`, laid out as a vault's blobs follow each other in a ring)
+    /// in device-local or (`host_visible`) host-visible memory, bound whole as the
+    /// executor binds a window of ring slots: (the set of the down projection, the set of
+    /// the gate/up kernels, both bindings on the same bytes).
+    pub fn blobs(
+        &self,
+        bytes: &[u8],
+        host_visible: bool,
+    ) -> Result<(Arc<DescriptorSet>, Arc<DescriptorSet>), VulkanError> {
+        let padded = (bytes.len() as u64).next_multiple_of(16).max(16);
+        let buf = if host_visible {
+            let b = host_buffer::<u8>(&self.ctx, padded, BufferUsage::STORAGE_BUFFER)?;
+            b.write().map_err(verr("writing blobs"))?[..bytes.len()].copy_from_slice(bytes);
+            b
+        } else {
+            let b = device_buffer::<u8>(&self.ctx, padded, BufferUsage::STORAGE_BUFFER)?;
+            upload(&self.ctx, &b, bytes)?;
+            b
+        };
+        // Every type's kernels have the same set layouts: those of f32 serve all.
+        let t = self.kernels.typed(DType::F32)?;
+        Ok((set0(&self.ctx, &t.down, std::slice::from_ref(&buf))?, set0(&self.ctx, &t.gate_up, &[buf.clone(), buf])?))
     }
 
     /// The set binding `gate` and `up` for the gate/up kernels.

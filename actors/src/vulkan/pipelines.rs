@@ -1,11 +1,13 @@
 //! The compute pipelines: SPIR-V (compiled by `build.rs` from `shaders/`) loaded into
 //! shader modules, one pipeline per kernel, all sharing the activation descriptor set
 //! layout (set 1: the activation arena and the routing buffer). The matmul kernels are
-//! specialized by a [`MatmulTuning`].
+//! specialized by a [`MatmulTuning`] and come in one set per weight type ([`DType`]),
+//! built when a type is first asked for.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use smoe_proto::DType;
 use vulkano::descriptor_set::layout::{
     DescriptorSetLayout, DescriptorSetLayoutBinding, DescriptorSetLayoutCreateInfo, DescriptorType,
 };
@@ -79,7 +81,7 @@ impl Kernel {
     }
 }
 
-/// The weight element types the dense and expert kernels come in.
+/// The dense and expert kernels of one weight type (`shaders/matmul.comp` built for it).
 #[derive(Clone)]
 pub struct TypedKernels {
     /// m=1 matrix-vector product.
@@ -97,10 +99,11 @@ pub struct TypedKernels {
 
 /// Every pipeline of the backend.
 pub struct Kernels {
-    /// Kernels reading f32 weights.
-    pub f32: TypedKernels,
-    /// Kernels reading bf16 weights.
-    pub bf16: TypedKernels,
+    device: Arc<Device>,
+    tuning: MatmulTuning,
+    /// The kernels of each weight type (indexed as [`DType::ALL`]), built on first use:
+    /// a model pays start-up only for the types it holds.
+    typed: [OnceLock<TypedKernels>; DType::ALL.len()],
     /// Row RMSNorm.
     pub rmsnorm: Kernel,
     /// Per-head QK RMSNorm, RoPE and the K/V append.
@@ -215,31 +218,38 @@ impl Kernels {
         )
         .map_err(|e| verr("activation set layout")(&e))?;
         let k = |name: &str| kernel(device, &act_layout, name, None);
-        let m1 = |name: &str| kernel(device, &act_layout, name, Some([t.rows_m1, t.unroll, t.lanes]));
-        // The batched kernels hold 8 tokens' accumulators: one row per lane group.
-        let mm = |name: &str| kernel(device, &act_layout, name, Some([1, t.unroll.min(2), t.lanes]));
-        let typed = |ty: &str| -> Result<TypedKernels, VulkanError> {
-            Ok(TypedKernels {
-                matvec: m1(&format!("matvec_{ty}"))?,
-                matmul: mm(&format!("matmul_{ty}"))?,
-                gate_up: m1(&format!("gate_up_{ty}"))?,
-                gate_up_batched: mm(&format!("gate_up_batched_{ty}"))?,
-                down: kernel(
-                    device,
-                    &act_layout,
-                    &format!("matvec_{ty}"),
-                    Some([t.rows_down, t.unroll, t.lanes]),
-                )?,
-            })
-        };
         Ok(Kernels {
-            f32: typed("f32")?,
-            bf16: typed("bf16")?,
+            device: device.clone(),
+            tuning,
+            typed: Default::default(),
             rmsnorm: k("rmsnorm")?,
             qk_rope: k("qk_rope")?,
             attention: k("attention")?,
             accumulate: k("accumulate")?,
             act_layout,
         })
+    }
+
+    /// The kernels for weights of `dtype` (module suffix: the type's manifest name),
+    /// built on the first call for that type.
+    pub fn typed(&self, dtype: DType) -> Result<&TypedKernels, VulkanError> {
+        let i = DType::ALL.iter().position(|&d| d == dtype).expect("DType::ALL lists every type");
+        if let Some(t) = self.typed[i].get() {
+            return Ok(t);
+        }
+        let (t, ty) = (self.tuning, dtype.name());
+        let build = |name: String, rows: u32, unroll: u32| {
+            kernel(&self.device, &self.act_layout, &name, Some([rows, unroll, t.lanes]))
+        };
+        // The batched kernels hold 8 tokens' accumulators: one row per lane group.
+        let built = TypedKernels {
+            matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll)?,
+            matmul: build(format!("matmul_{ty}"), 1, t.unroll.min(2))?,
+            gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll)?,
+            gate_up_batched: build(format!("gate_up_batched_{ty}"), 1, t.unroll.min(2))?,
+            down: build(format!("matvec_{ty}"), t.rows_down, t.unroll)?,
+        };
+        // Another thread may have built them meanwhile; either copy is the same.
+        Ok(self.typed[i].get_or_init(|| built))
     }
 }
