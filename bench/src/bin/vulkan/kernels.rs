@@ -3,12 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use smoe_actors::tensor::{WeightData, WeightView};
+use smoe_actors::cpu::quantize::quantize_row;
+use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
     DescriptorSet, KernelHarness, MatmulArgs, MatmulTuning, Projection, Recorder, TestWeight, FLAG_GATHER,
     FLAG_TABLE,
 };
 use smoe_actors::vulkan::{VulkanContext, VulkanError};
+use smoe_proto::DType;
 
 /// Cheap deterministic pseudo-random weights in [-0.05, 0.05).
 fn fill(n: usize, seed: u64) -> Vec<f32> {
@@ -23,32 +25,42 @@ fn fill(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn bf16(v: &[f32]) -> Vec<u16> {
-    v.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
-}
-
 /// Stacked expert weights: gate, up ((n·inter) × hid) and down ((n·hid) × inter)
-/// matrices, expert e at element offset e·inter·hid of each, bound once.
+/// matrices, expert e at byte offset e·(bytes of one expert's matrix) of each, bound once.
 struct Stack {
     gate: TestWeight,
     pair: Arc<DescriptorSet>,
     down: TestWeight,
 }
 
-/// A `rows` × `cols` matrix of [`fill`] weights (seeded by `seed`), bf16 or f32, in
-/// device-local or (`host`) host-visible memory.
-pub fn upload(
-    h: &KernelHarness,
-    rows: usize,
-    cols: usize,
-    seed: u64,
-    is_bf16: bool,
-    host: bool,
-) -> TestWeight {
-    let f = fill(rows * cols, seed);
-    let b = bf16(&f);
-    let data = if is_bf16 { WeightData::Bf16(&b) } else { WeightData::F32(&f) };
-    h.weight(&WeightView { data, rows, cols }, host).expect("upload")
+/// Rows of [`fill`] weights encoded per type before they repeat: quantising a 151936-row
+/// LM head with the reference quantiser would take longer than timing it, and the
+/// kernels' memory traffic does not see the repetition.
+const TILE_ROWS: usize = 64;
+
+/// A `rows` × `cols` matrix of `dtype` holding [`fill`] weights (seeded by `seed`;
+/// quantised for the block formats, rows repeating after [`TILE_ROWS`]), in device-local
+/// or (`host`) host-visible memory.
+pub fn upload(h: &KernelHarness, rows: usize, cols: usize, seed: u64, dtype: DType, host: bool) -> TestWeight {
+    let tile = fill(rows.min(TILE_ROWS) * cols, seed);
+    let mut bytes = Vec::new();
+    for row in tile.chunks_exact(cols) {
+        match dtype {
+            DType::F32 => bytes.extend(row.iter().flat_map(|v| v.to_le_bytes())),
+            DType::Bf16 => bytes.extend(row.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())),
+            DType::F16 => bytes.extend(row.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes())),
+            _ => quantize_row(dtype.ggml(), row, &mut bytes).expect("whole blocks"),
+        }
+    }
+    let len = dtype.matrix_bytes(rows, cols).expect("whole blocks") as usize;
+    // Words, so that an f32 view is aligned.
+    let mut words = vec![0u32; len.div_ceil(4)];
+    let all: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+    for dst in all[..len].chunks_mut(bytes.len()) {
+        dst.copy_from_slice(&bytes[..dst.len()]);
+    }
+    let view = WeightView::from_bytes(dtype, bytemuck::cast_slice(&words), rows, cols);
+    h.weight(&view, host).expect("upload")
 }
 
 /// Seconds per round of `record`, timed as `run_timed` submits it: `record` is
@@ -91,7 +103,7 @@ fn read_ceilings(h: &KernelHarness, max_range: u64) {
     for (host, mib) in [(false, 512usize), (true, 256)] {
         let mib = mib.min((max_range >> 20) as usize / 2);
         let cols = 4096;
-        let w = upload(h, (mib << 20) / 4 / cols, cols, 7, false, host);
+        let w = upload(h, (mib << 20) / 4 / cols, cols, 7, DType::F32, host);
         let bytes = (mib << 20) as f64;
         let place = if host { "host-visible" } else { "device-local" };
         for groups in [1056u32, 4224, 16896] {
@@ -101,15 +113,19 @@ fn read_ceilings(h: &KernelHarness, max_range: u64) {
     }
     // The dispatch floor: a chain of dispatches that read 16 bytes each, with the
     // barrier every kernel of a layer step waits on in between.
-    let w = upload(h, 1, 4, 7, false, false);
+    let w = upload(h, 1, 4, 7, DType::F32, false);
     let mut one = h.read_all(&w, 1, 0).expect("read");
     let secs = time(h, |r| (0..16).try_for_each(|_| one(r))) / 16.0;
     println!("dispatch floor (16-byte read, chained): {:.1} us", secs * 1e6);
 }
 
-/// `vulkan kernels [DEVICE] [LANES,ROWS,UNROLL ...]`: prints every figure for each of
-/// `tunings` (see the program's documentation).
-pub fn kernels(device: usize, tunings: &[Tuning]) {
+/// The weight types `vulkan kernels` measures unless others are named: the float types
+/// of bf16/f32 vaults and the two formats of a Q4_K_M vault's experts.
+pub const TYPES: &[DType] = &[DType::Bf16, DType::F32, DType::Q4K, DType::Q6K];
+
+/// `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL ...]`: prints every figure for
+/// each of `tunings` and weight `types` (see the program's documentation).
+pub fn kernels(device: usize, tunings: &[Tuning], types: &[DType]) {
     let ctx = VulkanContext::new(device).expect("device");
     println!(
         "device: {} ({}, Vulkan {}, subgroup {:?})",
@@ -133,33 +149,38 @@ pub fn kernels(device: usize, tunings: &[Tuning]) {
         h.write_act(0, &xs).expect("x");
         let (x_off, hid_off) = (0u32, (tokens * hid) as u32);
         let y_off = hid_off + (n_exp * tokens * inter) as u32;
-        for is_bf16 in [true, false] {
-            let dsz = if is_bf16 { 2 } else { 4 };
-            let name = if is_bf16 { "bf16" } else { "f32" };
+        for &dtype in types {
+            let name = dtype.name();
+            // Bytes of a matrix: what a kernel reading it moves (quantised bytes for the
+            // block formats).
+            let mbytes = |rows: usize, cols: usize| dtype.matrix_bytes(rows, cols).expect("whole blocks");
             for host in [false, true] {
                 if host && ti != 0 {
                     continue;
                 }
                 let place = if host { "host-visible (ring slot, zero-copy)" } else { "device-local" };
                 let st = {
-                    let gate = upload(&h, n_exp * inter, hid, 1, is_bf16, host);
-                    let up = upload(&h, n_exp * inter, hid, 2, is_bf16, host);
-                    let down = upload(&h, n_exp * hid, inter, 3, is_bf16, host);
+                    let gate = upload(&h, n_exp * inter, hid, 1, dtype, host);
+                    let up = upload(&h, n_exp * inter, hid, 2, dtype, host);
+                    let down = upload(&h, n_exp * hid, inter, 3, dtype, host);
                     let pair = h.pair(&gate, &up).expect("pair");
                     Stack { gate, pair, down }
                 };
-                let bytes = (3 * hid * inter * dsz) as f64;
+                // One expert's matrix has as many bytes as gate, up or down.
+                let expert = mbytes(inter, hid);
+                let bytes = (3 * expert) as f64;
                 let runs: Vec<(&KernelHarness, usize, &str)> = [(&h, 1, ""), (&h, tokens, "")]
                     .into_iter()
                     .chain(host_route.iter().filter(|_| !host).map(|hr| (hr, 1, ", routing in host memory")))
                     .collect();
                 for (hh, m, route_place) in runs {
-                    // Table: expert e holds pairs e·m .. e·m + m - 1 (token = pair % m).
+                    // Table: expert e at byte offset e·expert holds pairs e·m .. e·m + m - 1
+                    // (token = pair % m).
                     let tab = 1 << 14;
                     let mut route: Vec<u32> = (0..(n_exp * m) as u32).map(|p| p % m as u32).collect();
                     route.resize(tab, 0);
                     for e in 0..n_exp {
-                        route.extend([(e * inter * hid) as u32, (e * m) as u32, m as u32]);
+                        route.extend([(e as u64 * expert) as u32, (e * m) as u32, m as u32]);
                     }
                     hh.write_route(&route).expect("route");
                     let gu = MatmulArgs {
@@ -238,7 +259,7 @@ pub fn kernels(device: usize, tunings: &[Tuning]) {
             // (barrier, launch, one round of loads, reduction).
             for (rows, n) in [(4096usize, 16usize), (151936, 1), (16, 16)] {
                 let ws: Vec<TestWeight> =
-                    (0..n).map(|i| upload(&h, rows, hid, 1000 + i as u64, is_bf16, false)).collect();
+                    (0..n).map(|i| upload(&h, rows, hid, 1000 + i as u64, dtype, false)).collect();
                 let a = MatmulArgs {
                     rows: rows as u32,
                     cols: hid as u32,
@@ -255,7 +276,7 @@ pub fn kernels(device: usize, tunings: &[Tuning]) {
                     }
                     Ok(())
                 }) / n as f64;
-                report(&format!("dense matvec m=1 {name} {rows}x{hid}"), secs, (rows * hid * dsz) as f64);
+                report(&format!("dense matvec m=1 {name} {rows}x{hid}"), secs, mbytes(rows, hid) as f64);
             }
         }
     }

@@ -1,8 +1,10 @@
 //! Vulkan backend measurements.
 //!
-//! `vulkan kernels [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...]`: per-kernel figures at
-//! Qwen3-30B-A3B shapes (hidden 2048, expert intermediate 768, 8 experts per token) for
-//! each matmul tuning given (else those in `TUNINGS`): the memory-read ceiling and the
+//! `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...]`: per-kernel
+//! figures at Qwen3-30B-A3B shapes (hidden 2048, expert intermediate 768, 8 experts per
+//! token) for each matmul tuning given (else those in `TUNINGS`) and each weight type
+//! named (`bf16`, `q4_k`, ...; else those in `TYPES`; block formats hold reference-quantised
+//! weights and their GB/s count quantised bytes): the memory-read ceiling and the
 //! chained-dispatch floor; achieved GB/s of the m=1 expert FFN (a token's 8 experts in
 //! one gate/up + SiLU and one down dispatch, as the executor records them, and each half
 //! alone) and of the m=1 dense matvec, with weights in device-local memory and (first
@@ -30,7 +32,8 @@ mod e2e;
 mod kernels;
 mod stats;
 
-use kernels::{kernels, Tuning, TUNINGS};
+use kernels::{kernels, Tuning, TUNINGS, TYPES};
+use smoe_proto::DType;
 
 /// Prints `error: MSG` and ends the program with status `code`.
 fn fail(code: i32, msg: String) -> ! {
@@ -38,11 +41,18 @@ fn fail(code: i32, msg: String) -> ! {
     std::process::exit(code)
 }
 
-/// Tunings given after the device (`args[2..]`): LANES,ROWS,UNROLL[,ROWS_DOWN] each
-/// (ROWS_DOWN defaults to ROWS); a malformed one ends the program with status 2.
+/// Weight types named after the device (`args[2..]`, those that are a type's name).
+fn parse_types(args: &[String]) -> Vec<DType> {
+    args.iter().skip(2).filter_map(|t| DType::from_name(t)).collect()
+}
+
+/// Tunings given after the device (`args[2..]`, besides weight types):
+/// LANES,ROWS,UNROLL[,ROWS_DOWN] each (ROWS_DOWN defaults to ROWS); a malformed one ends
+/// the program with status 2.
 fn parse_tunings(args: &[String]) -> Vec<Tuning> {
     args.iter()
         .skip(2)
+        .filter(|t| DType::from_name(t).is_none())
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
             match v.as_deref() {
@@ -58,10 +68,12 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("kernels") => {
-            // Optional tunings after the device: LANES,ROWS,UNROLL ...
+            // Optional weight types and tunings after the device: q4_k LANES,ROWS,UNROLL ...
             let picked = parse_tunings(&args);
             let tunings = if picked.is_empty() { TUNINGS } else { &picked[..] };
-            kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings)
+            let named = parse_types(&args);
+            let types = if named.is_empty() { TYPES } else { &named[..] };
+            kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings, types)
         }
         Some("stats") => {
             let device = args.get(1).map_or(Ok(0), |s| s.parse());
@@ -72,7 +84,7 @@ fn main() {
         Some("diag") if args.len() >= 2 => e2e::diag(&args[1..]),
         _ => {
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
             );
             std::process::exit(2);
         }

@@ -10,9 +10,10 @@ use vulkano::VulkanObject;
 
 use smoe_actors::vulkan::harness::MatmulTuning;
 use smoe_actors::vulkan::{spirv, Kernel, Kernels, TypedKernels, VulkanContext};
+use smoe_proto::DType;
 
 use crate::fail;
-use crate::kernels::Tuning;
+use crate::kernels::{Tuning, TYPES};
 
 /// What a driver reports about one executable (a compiled shader stage) of a pipeline.
 struct Executable {
@@ -188,7 +189,11 @@ pub fn stats(device: usize, extra: &[Tuning]) {
     for (t, kernels) in built {
         let default = if t == d { " (default)" } else { "" };
         println!("== tuning {t:?}{default}");
-        let typed = |pick: fn(&TypedKernels) -> &Kernel| [pick(&kernels.f32), pick(&kernels.bf16)];
+        let sets: Vec<&TypedKernels> = TYPES
+            .iter()
+            .map(|&d| kernels.typed(d).unwrap_or_else(|e| fail(1, format!("{d} kernels: {e}"))))
+            .collect();
+        let typed = |pick: fn(&TypedKernels) -> &Kernel| sets.iter().map(|t| pick(t)).collect::<Vec<_>>();
         let all = [
             ("", typed(|t| &t.matvec)),
             ("", typed(|t| &t.matmul)),
