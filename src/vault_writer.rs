@@ -16,6 +16,8 @@ use smoe_proto::{
     ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
 };
 
+use crate::quant::Quant;
+
 /// Name of the resident tensor file inside a vault.
 pub const RESIDENT_FILE: &str = "resident.bin";
 
@@ -176,8 +178,11 @@ pub struct VaultSpec<'a> {
     pub out: &'a Path,
     /// The model.
     pub cfg: &'a ModelConfig,
-    /// Element type of weight matrices.
+    /// Element type of resident weight matrices (norms are always f32), and of the
+    /// expert matrices unless `quant` says otherwise.
     pub dtype: DType,
+    /// How the expert matrices are quantised (`None`: stored as `dtype`).
+    pub quant: Option<Quant>,
     /// Overwrite an existing vault.
     pub force: bool,
     /// Directory to copy tokenizer files from.
@@ -194,7 +199,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         .moe_layers()
         .into_iter()
         .map(|l| {
-            let types = [dtype; 3];
+            let types = spec.quant.map_or([dtype; 3], |q| q.expert_types(l, cfg.num_hidden_layers, h, i));
             ExpertLayout::new(types, h, i).with_context(|| {
                 format!(
                     "layer {l}: experts of {i}×{h} cannot be stored as {}",

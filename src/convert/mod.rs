@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use smoe_proto::{DType, Manifest};
 
+use crate::quant::Quant;
 use crate::vault_writer::{encode_rows, step_elems, write_vault, TensorSource, VaultSpec};
 
 use checkpoint::{Checkpoint, SrcDtype};
@@ -53,6 +54,8 @@ pub struct ConvertOptions {
     /// Element type of weight matrices; `None` keeps bf16 checkpoints bf16 and
     /// converts everything else to f32 (both exact).
     pub dtype: Option<DType>,
+    /// How the expert matrices are quantised (`None`: stored as `dtype`).
+    pub quant: Option<Quant>,
     /// Overwrite an existing vault.
     pub force: bool,
 }
@@ -101,6 +104,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
         out: &opts.out,
         cfg: &cfg,
         dtype,
+        quant: opts.quant,
         force: opts.force,
         tokenizer_dir: Some(&opts.hf),
         label: "converting",
