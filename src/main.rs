@@ -6,6 +6,7 @@ mod convert;
 mod devices;
 mod generate;
 mod gguf_info;
+mod quant;
 mod serve;
 mod synth;
 mod tokenizer;
@@ -20,16 +21,17 @@ use cli::{Cli, Command};
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Convert(a) => {
-            let dtype = a.dtype.as_deref().and_then(smoe_actors::vault::parse_dtype);
-            let opts = convert::ConvertOptions { hf: a.hf, out: a.out, dtype, force: a.force };
+            let dtype = a.dtype.as_deref().and_then(smoe_proto::DType::from_name);
+            let opts =
+                convert::ConvertOptions { hf: a.hf, out: a.out, dtype, quant: a.quant, force: a.force };
             let m = convert::convert(&opts)?;
             eprintln!(
-                "wrote vault {} ({} layers, {} MoE layers × {} experts, {} weights)",
+                "wrote vault {} ({} layers, {} MoE layers × {} experts; {})",
                 opts.out.display(),
                 m.model.num_hidden_layers,
                 m.experts.layers.len(),
                 m.model.num_experts,
-                m.experts.layout.dtype.name()
+                m.format_summary()
             );
             Ok(())
         }
@@ -42,17 +44,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 preset: a.preset,
                 layers: a.layers,
                 seed: a.seed,
-                dtype: smoe_actors::vault::parse_dtype(&a.dtype).unwrap_or(smoe_proto::DType::Bf16),
+                dtype: smoe_proto::DType::from_name(&a.dtype).unwrap_or(smoe_proto::DType::Bf16),
+                quant: a.quant,
                 tokenizer: a.tokenizer,
                 force: a.force,
             };
             let m = synth::synth(&opts)?;
             eprintln!(
-                "wrote synthetic vault {} ({} layers, {} experts of {} bytes each)",
+                "wrote synthetic vault {} ({} layers, {} experts, {} per read; {})",
                 opts.out.display(),
                 m.model.num_hidden_layers,
                 m.experts.layers.len() * m.model.num_experts,
-                m.experts.layout.blob_len
+                smoe_proto::human_bytes(m.experts.mean_blob_len()),
+                m.format_summary()
             );
             Ok(())
         }

@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use smoe_proto::{
-    align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig, ResidentIndex,
-    TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
+    align_up, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig,
+    ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
 };
+
+use crate::quant::Quant;
 
 /// Name of the resident tensor file inside a vault.
 pub const RESIDENT_FILE: &str = "resident.bin";
@@ -32,7 +34,8 @@ pub const TOKENIZER_FILES: &[&str] = &[
 /// Where tensor data comes from.
 pub trait TensorSource {
     /// Streams tensor `name` (which must have `shape`) converted to `to`, handing the
-    /// bytes to `emit` in chunks of bounded size.
+    /// bytes to `emit` in chunks of bounded size, each a whole number of rows (see
+    /// [`step_elems`] and `cpu::quantize::encode_rows`).
     fn stream(
         &mut self,
         name: &str,
@@ -40,6 +43,13 @@ pub trait TensorSource {
         to: DType,
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()>;
+}
+
+/// Elements to hand over per step when streaming rows of `cols` elements: whole rows
+/// (so block formats can be quantised), about `step` of them, at least one row.
+pub fn step_elems(cols: usize, step: usize) -> usize {
+    let cols = cols.max(1);
+    (step / cols).max(1) * cols
 }
 
 /// Writes bytes while tracking the file offset and a progress bar.
@@ -136,12 +146,10 @@ fn resident_dtype(shape: &[usize], dtype: DType) -> DType {
 }
 
 /// Bytes the vault's data files will hold (for the progress bar).
-fn total_bytes(cfg: &ModelConfig, layout: &ExpertLayout, dtype: DType) -> u64 {
-    let resident: usize = resident_tensors(cfg)
-        .iter()
-        .map(|(_, s)| s.iter().product::<usize>() * resident_dtype(s, dtype).size())
-        .sum();
-    resident as u64 + (cfg.moe_layers().len() * cfg.num_experts) as u64 * layout.blob_stride
+fn total_bytes(cfg: &ModelConfig, layouts: &[ExpertLayout], dtype: DType) -> u64 {
+    let resident: u64 =
+        resident_tensors(cfg).iter().filter_map(|(_, s)| tensor_bytes(resident_dtype(s, dtype), s)).sum();
+    resident + layouts.iter().map(|l| cfg.num_experts as u64 * l.blob_stride).sum::<u64>()
 }
 
 /// What to write.
@@ -150,8 +158,11 @@ pub struct VaultSpec<'a> {
     pub out: &'a Path,
     /// The model.
     pub cfg: &'a ModelConfig,
-    /// Element type of weight matrices.
+    /// Element type of resident weight matrices (norms are always f32), and of the
+    /// expert matrices unless `quant` says otherwise.
     pub dtype: DType,
+    /// How the expert matrices are quantised (`None`: stored as `dtype`).
+    pub quant: Option<Quant>,
     /// Overwrite an existing vault.
     pub force: bool,
     /// Directory to copy tokenizer files from.
@@ -163,9 +174,22 @@ pub struct VaultSpec<'a> {
 /// Writes a complete vault from `src`; returns its manifest.
 pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<Manifest> {
     let (cfg, dtype) = (spec.cfg, spec.dtype);
+    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    let layouts = cfg
+        .moe_layers()
+        .into_iter()
+        .map(|l| {
+            let types = spec.quant.map_or([dtype; 3], |q| q.expert_types(l, cfg.num_hidden_layers, h, i));
+            ExpertLayout::new(types, h, i).with_context(|| {
+                format!(
+                    "layer {l}: experts of {i}×{h} cannot be stored as {}",
+                    types.map(DType::name).join("/")
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     prepare_out_dir(spec.out, spec.force)?;
-    let layout = ExpertLayout::new(dtype, cfg.hidden_size, cfg.moe_intermediate_size);
-    let bar = ProgressBar::new(total_bytes(cfg, &layout, dtype)).with_message(spec.label.to_string());
+    let bar = ProgressBar::new(total_bytes(cfg, &layouts, dtype)).with_message(spec.label.to_string());
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -183,9 +207,8 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     sink.pad_to(64)?;
     let resident = ResidentIndex { file: RESIDENT_FILE.into(), file_len: sink.finish()?, tensors };
 
-    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
     let mut layers = Vec::new();
-    for l in cfg.moe_layers() {
+    for (l, layout) in cfg.moe_layers().into_iter().zip(layouts) {
         let file = expert_file_name(l);
         let mut sink = Sink::create(spec.out.join(&file), &bar)?;
         let mut blobs = Vec::with_capacity(cfg.num_experts);
@@ -193,16 +216,12 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
             let offset = sink.pos;
             let p = format!("model.layers.{l}.mlp.experts.{e}");
             let mut crc = 0u32;
-            let parts = [
-                ("gate_proj", [i, h], layout.gate),
-                ("up_proj", [i, h], layout.up),
-                ("down_proj", [h, i], layout.down),
-            ];
-            for (part, shape, lay) in parts {
+            for (part, lay) in layout.parts() {
                 let zeros = vec![0u8; (offset + lay.offset - sink.pos) as usize];
                 crc = crc32c::crc32c_append(crc, &zeros);
                 sink.write(&zeros)?;
-                crc = sink.tensor(src, &format!("{p}.{part}.weight"), &shape, dtype, crc)?;
+                crc =
+                    sink.tensor(src, &format!("{p}.{part}.weight"), &[lay.rows, lay.cols], lay.dtype, crc)?;
             }
             if sink.pos - offset != layout.blob_len {
                 bail!("internal error: expert blob of layer {l} expert {e} has the wrong length");
@@ -210,7 +229,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
             sink.pad_to(BLOB_ALIGN)?;
             blobs.push(BlobEntry { offset, crc32c: crc });
         }
-        layers.push(LayerBlobs { layer: l, file, file_len: sink.finish()?, blobs });
+        layers.push(LayerBlobs { layer: l, file, file_len: sink.finish()?, layout, blobs });
     }
     bar.finish_and_clear();
 
@@ -229,7 +248,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         format_version: FORMAT_VERSION,
         model: cfg.clone(),
         resident,
-        experts: ExpertIndex { layout, layers },
+        experts: ExpertIndex { layers },
         tokenizer_files,
     };
     let path = spec.out.join(MANIFEST_FILE);

@@ -9,34 +9,41 @@ pub mod hf_config;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use smoe_actors::cpu::quantize::encode_rows;
 use smoe_proto::{DType, Manifest};
 
-use crate::vault_writer::{write_vault, TensorSource, VaultSpec};
+use crate::quant::Quant;
+use crate::vault_writer::{step_elems, write_vault, TensorSource, VaultSpec};
 
 use checkpoint::{Checkpoint, SrcDtype};
 
 /// Elements converted per step when streaming a tensor.
 const STREAM_ELEMS: usize = 1 << 20;
 
-/// Converts the raw little-endian bytes of `src` (elements of `from`) to `to`,
-/// appending to `out`. Widening is exact; narrowing f32 → bf16 rounds to nearest even.
-fn convert_elems(src: &[u8], from: SrcDtype, to: DType, out: &mut Vec<u8>) {
-    let f32_at = |i: usize| -> f32 {
-        match from {
-            SrcDtype::F32 => f32::from_le_bytes([src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3]]),
-            SrcDtype::Bf16 => half::bf16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32(),
-            SrcDtype::F16 => half::f16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32(),
+/// Converts the raw little-endian bytes of `src` (whole rows of `cols` elements of `from`)
+/// to `to`, appending to `out`: copied when the types agree, else widened exactly to f32
+/// (through `vals`) and stored by [`encode_rows`].
+fn convert_elems(
+    src: &[u8],
+    from: SrcDtype,
+    to: DType,
+    cols: usize,
+    vals: &mut Vec<f32>,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let widen: fn(&[u8]) -> f32 = match (from, to) {
+        (SrcDtype::F32, DType::F32) | (SrcDtype::Bf16, DType::Bf16) | (SrcDtype::F16, DType::F16) => {
+            out.extend_from_slice(src);
+            return Ok(());
         }
+        (SrcDtype::F32, _) => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        (SrcDtype::Bf16, _) => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        (SrcDtype::F16, _) => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
     };
-    let n = src.len() / if from == SrcDtype::F32 { 4 } else { 2 };
-    match (from, to) {
-        (SrcDtype::F32, DType::F32) | (SrcDtype::Bf16, DType::Bf16) => out.extend_from_slice(src),
-        (_, DType::F32) => (0..n).for_each(|i| out.extend_from_slice(&f32_at(i).to_le_bytes())),
-        (_, DType::Bf16) => {
-            (0..n).for_each(|i| out.extend_from_slice(&half::bf16::from_f32(f32_at(i)).to_le_bytes()))
-        }
-    }
+    vals.clear();
+    vals.extend(src.chunks_exact(from.size()).map(widen));
+    Ok(encode_rows(vals, cols, to, out)?)
 }
 
 /// Options of one conversion.
@@ -48,6 +55,8 @@ pub struct ConvertOptions {
     /// Element type of weight matrices; `None` keeps bf16 checkpoints bf16 and
     /// converts everything else to f32 (both exact).
     pub dtype: Option<DType>,
+    /// How the expert matrices are quantised (`None`: stored as `dtype`).
+    pub quant: Option<Quant>,
     /// Overwrite an existing vault.
     pub force: bool,
 }
@@ -56,6 +65,7 @@ pub struct ConvertOptions {
 /// through a fixed-size conversion buffer.
 struct CheckpointSource<'a> {
     ckpt: &'a Checkpoint,
+    vals: Vec<f32>,
     buf: Vec<u8>,
 }
 
@@ -68,10 +78,11 @@ impl TensorSource for CheckpointSource<'_> {
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         let (info, bytes) = self.ckpt.get(name, shape)?;
-        let es = if info.dtype == SrcDtype::F32 { 4 } else { 2 };
-        for chunk in bytes.chunks(STREAM_ELEMS * es) {
+        let cols = shape.last().copied().unwrap_or(1);
+        for chunk in bytes.chunks(step_elems(cols, STREAM_ELEMS) * info.dtype.size()) {
             self.buf.clear();
-            convert_elems(chunk, info.dtype, to, &mut self.buf);
+            convert_elems(chunk, info.dtype, to, cols, &mut self.vals, &mut self.buf)
+                .with_context(|| format!("tensor `{name}`"))?;
             emit(&self.buf)?;
         }
         Ok(())
@@ -94,9 +105,11 @@ pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
         out: &opts.out,
         cfg: &cfg,
         dtype,
+        quant: opts.quant,
         force: opts.force,
         tokenizer_dir: Some(&opts.hf),
         label: "converting",
     };
-    write_vault(&spec, &mut CheckpointSource { ckpt: &ckpt, buf: Vec::with_capacity(STREAM_ELEMS * 4) })
+    let mut src = CheckpointSource { ckpt: &ckpt, vals: Vec::new(), buf: Vec::new() };
+    write_vault(&spec, &mut src)
 }
