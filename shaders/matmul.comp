@@ -17,9 +17,13 @@
 // order and is the same for the m=1 and batched kernels of one device.
 //
 // With FLAG_TABLE one dispatch covers several experts (workgroup y = table entry j):
-// entry j = route_u[tab_off + 3j ..] = (weight byte offset, which in weight units
-// (UNIT_BYTES) is added to w_off and w2_off, first pair p0, pair count n); its tokens are pairs p0 .. p0 + n - 1, whose input and
-// output rows follow FLAG_GATHER / FLAG_SCATTER (or are the pair index itself).
+// entry j = route_u[tab_off + 3j ..] = (weight byte offset, added in weight units
+// (UNIT_BYTES) to w_off and w2_off; first pair p0; pair count n); its tokens are pairs
+// p0 .. p0 + n - 1, whose input and output rows follow FLAG_GATHER / FLAG_SCATTER (or are
+// the pair index itself).
+//
+// With EMBED the module is the embedding lookup of a table stored in the weight type
+// instead (see its main).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -167,6 +171,33 @@ float silu(float g) {
     return r;
 }
 
+#ifdef EMBED
+// Embedding lookup: out[t][j] = W[route_u[map_off + t] - x_off][j] for the m tokens whose
+// ids fall in the bound rows x_off .. x_off + rows - 1 (a large table is bound in several
+// row ranges, one dispatch each). Workgroup y is token t; invocation x widens or
+// dequantises chunk x of its row (the last one the tail of a row of a float type).
+#define EMBED_STORE ACT(o + q) = v[q];
+void main() {
+    uint row = route_u[pc.map_off + gl_WorkGroupID.y] - pc.x_off;
+    uint c = gl_GlobalInvocationID.x;
+    uint nch = pc.cols / CHUNK;
+    if (row >= pc.rows || c > nch) {
+        return;
+    }
+    uint base = pc.w_off + row * ROW_UNITS;
+    uint o = pc.out_off + gl_WorkGroupID.y * pc.out_stride + c * CHUNK;
+    if (c < nch) {
+        float v[CHUNK];
+        unpack(LOAD_W(base, c * CHUNK), v);
+        FOR_Q(EMBED_STORE)
+    }
+#ifndef QUANT
+    for (uint e = nch * CHUNK; c == nch && e < pc.cols; e++) {
+        ACT(o + e - nch * CHUNK) = WS(base + e);
+    }
+#endif
+}
+#else
 void main() {
     // Lane numbering follows subgroups, so lanes l and l ^ s (s < subgroup size) of a
     // lane group are in one subgroup.
@@ -324,3 +355,4 @@ void main() {
         }
     }
 }
+#endif

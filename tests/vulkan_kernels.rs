@@ -10,6 +10,7 @@ mod vulkan;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smoe_actors::cpu::kernels;
+use smoe_actors::cpu::quantize::encode_rows;
 use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
     weight_unit, KernelHarness, MatmulArgs, MatmulTuning, Projection, FLAG_ACCUMULATE, FLAG_GATHER,
@@ -41,16 +42,22 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// A random f16 scale: mostly 2^-12 .. 2^-8 in magnitude, one in eight subnormal.
-fn f16_scale(rng: &mut ChaCha8Rng) -> [u8; 2] {
-    let e = if rng.random_range(0..8) == 0 { rng.random_range(-24..-14) } else { rng.random_range(-12..-8) };
-    let v = (2.0f32).powi(e) * rng.random_range(1.0f32..2.0) * if rng.random() { 1.0 } else { -1.0 };
+/// A random f16 scale of either sign: mostly between `top` / 4 and `top` in magnitude,
+/// one in eight subnormal.
+fn f16_scale(rng: &mut ChaCha8Rng, top: f32) -> [u8; 2] {
+    let v = if rng.random_range(0..8) == 0 {
+        (2.0f32).powi(rng.random_range(-24..-14))
+    } else {
+        top * rng.random_range(0.25f32..1.0)
+    };
+    let v = if rng.random() { v } else { -v };
     half::f16::from_f32(v).to_bits().to_le_bytes()
 }
 
 /// A `rows × cols` weight matrix stored as `dtype`: random values in [-1, 1) for the
-/// float types (f16 with subnormals too), random blocks (every quant bit pattern, f16 scales from [`f16_scale`])
-/// for the block formats. Kept in words so that f32 views are aligned.
+/// float types (f16 with subnormals too), random blocks for the block formats (every
+/// quant and sub-block scale bit pattern, f16 scales from [`f16_scale`]). Kept in words
+/// so that f32 views are aligned.
 struct Mat {
     dtype: DType,
     rows: usize,
@@ -62,36 +69,37 @@ impl Mat {
     fn random(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> Mat {
         let n = rows * cols;
         let mut bytes: Vec<u8> = match dtype {
-            DType::F32 => rand_vec(rng, n).iter().flat_map(|v| v.to_le_bytes()).collect(),
-            DType::Bf16 => rand_vec(rng, n).iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
-            // One element in 17 a subnormal.
-            DType::F16 => (0..n)
-                .flat_map(|i| {
-                    let bits = if i % 17 == 0 {
-                        rng.random_range(1u16..0x400) | if rng.random() { 0x8000 } else { 0 }
-                    } else {
-                        half::f16::from_f32(rng.random_range(-1.0f32..1.0)).to_bits()
-                    };
-                    bits.to_le_bytes()
-                })
-                .collect(),
+            DType::F32 | DType::Bf16 | DType::F16 => {
+                let mut b = Vec::new();
+                encode_rows(&rand_vec(rng, n), cols, dtype, &mut b).unwrap();
+                if dtype == DType::F16 {
+                    // One element in 17 a subnormal.
+                    for e in b.chunks_exact_mut(2).step_by(17) {
+                        let bits = rng.random_range(1u16..0x400) | if rng.random() { 0x8000 } else { 0 };
+                        e.copy_from_slice(&bits.to_le_bytes());
+                    }
+                }
+                b
+            }
             _ => {
                 let len = dtype.matrix_bytes(rows, cols).expect("whole blocks") as usize;
                 let mut b = vec![0u8; len];
                 rng.fill_bytes(&mut b);
                 // The f16 scales of each block: d (Q8_0, Q4_0), d and dmin (Q4_K, Q5_K),
-                // d at the end (Q6_K).
-                let (bb, at): (usize, &[usize]) = match dtype {
-                    DType::Q8_0 => (34, &[0]),
-                    DType::Q4_0 => (18, &[0]),
-                    DType::Q4K => (144, &[0, 2]),
-                    DType::Q5K => (176, &[0, 2]),
-                    DType::Q6K => (210, &[208]),
+                // d at the end (Q6_K); sized so that weights stay below about 1/2 (the
+                // largest quant times sub-block scale: 127, 8, 63·15, 63·31, 128·32).
+                let (at, top): (&[usize], f32) = match dtype {
+                    DType::Q8_0 => (&[0], 127.0),
+                    DType::Q4_0 => (&[0], 8.0),
+                    DType::Q4K => (&[0, 2], 945.0),
+                    DType::Q5K => (&[0, 2], 1953.0),
+                    DType::Q6K => (&[208], 4096.0),
                     _ => unreachable!("a block format"),
                 };
-                for blk in b.chunks_exact_mut(bb) {
+                let block = dtype.row_bytes(dtype.block_elems()).unwrap();
+                for blk in b.chunks_exact_mut(block) {
                     for &o in at {
-                        blk[o..o + 2].copy_from_slice(&f16_scale(rng));
+                        blk[o..o + 2].copy_from_slice(&f16_scale(rng, 0.5 / top));
                     }
                 }
                 b
@@ -222,7 +230,7 @@ fn batched_gate_up_with_gather_is_byte_identical_to_m1() {
                     let got = single[j * rows + r];
                     assert!(
                         (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                        "gate_up vs CPU: {got} vs {want}"
+                        "gate_up vs CPU: {got} vs {want} ({dtype} rows {rows} cols {cols})"
                     );
                 }
             }

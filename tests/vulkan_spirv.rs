@@ -39,7 +39,7 @@ fn checked_in_spirv_matches_the_glsl_sources() {
 }
 
 /// The matmul modules of `shaders/spv` (every module `shaders.txt` builds from
-/// `matmul.comp`: each weight format's m=1, batched and gate/up kernels): name and
+/// `matmul.comp`: each weight type's m=1, batched, gate/up and embedding kernels): name and
 /// instructions, each instruction as its words (the first holds the opcode in its low 16
 /// bits).
 fn matmul_modules() -> Vec<(String, Vec<Vec<u32>>)> {
@@ -48,7 +48,7 @@ fn matmul_modules() -> Vec<(String, Vec<Vec<u32>>)> {
     for entry in std::fs::read_dir(&spv).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        if !["matvec", "matmul", "gate_up"].iter().any(|k| name.starts_with(k)) {
+        if !["matvec", "matmul", "gate_up", "embed"].iter().any(|k| name.starts_with(k)) {
             continue;
         }
         let bytes = std::fs::read(&path).unwrap();

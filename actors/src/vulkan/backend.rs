@@ -19,7 +19,7 @@ use super::experts::{ExpertPath, ExpertState};
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
 use super::record::{MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
-use super::weights::DeviceModel;
+use super::weights::{device_embeds, DeviceModel};
 use super::VulkanError;
 use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
 use crate::model::Model;
@@ -198,17 +198,26 @@ impl Backend for VulkanBackend {
     fn embed(&mut self, embed: &TensorRef, tokens: &[u32]) -> Result<(), ForwardError> {
         let h = self.model.cfg.hidden_size;
         let m = tokens.len();
+        let x = self.a.at(Plane::X);
+        let w = self.model.w(embed);
+        if device_embeds(w.dtype()) {
+            // The ids go to the start of the routing buffer: the previous pass has
+            // completed (every pass ends with a host sync), and this one rewrites the
+            // buffer only after its first sync point, when this recording has run.
+            self.ex.route_buf.write().map_err(verr("writing token ids"))?[..m].copy_from_slice(tokens);
+            let a = MatmulArgs { m: m as u32, out_off: x, out_stride: h as u32, ..Default::default() };
+            self.rec()?;
+            let rec = self.rec.as_mut().expect("started");
+            return Ok(self.weights.matrix(embed)?.embed(rec, a)?);
+        }
         {
             let mut io = self.io.write().map_err(verr("writing embeddings"))?;
-            let w = self.model.w(embed);
             for (t, &tok) in tokens.iter().enumerate() {
-                if !w.widen_row(tok as usize, &mut io[t * h..(t + 1) * h]) {
-                    let why = format!("the Vulkan backend cannot embed from {} rows yet", w.dtype());
-                    return Err(VulkanError::Unsupported(why).into());
-                }
+                let widened = w.widen_row(tok as usize, &mut io[t * h..(t + 1) * h]);
+                debug_assert!(widened, "f32 and bf16 rows are widened on the host");
             }
         }
-        let x = self.a.at(Plane::X) as u64;
+        let x = x as u64;
         let (src, dst) =
             (self.io.clone().slice(0..(m * h) as u64), self.act.clone().slice(x..x + (m * h) as u64));
         Ok(self.rec()?.copy(src, dst)?)

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use smoe_proto::{DType, ExpertHandle, ExpertLayout, PartLayout, RouteJob};
+use smoe_proto::{DType, ExpertHandle, PartLayout, RouteJob};
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{
     AutoCommandBufferBuilder, CommandBufferUsage, CopyBufferInfo, PrimaryAutoCommandBuffer,
@@ -18,7 +18,7 @@ use super::allocator::ArenaRegistry;
 use super::backend::VulkanBackend;
 use super::buffers::{device_buffer, host_buffer, upload_buffer, verr};
 use super::context::VulkanContext;
-use super::record::{set0, typed, MatmulArgs, Projection, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
+use super::record::{set0, weight_unit, MatmulArgs, Projection, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
 use super::VulkanError;
 use crate::contract::Plane;
 use crate::model::Model;
@@ -77,27 +77,22 @@ pub struct ExpertState {
     order: Vec<(usize, u64, usize)>,
     /// Largest block of tokens (sizes the layer slots).
     max_rows: usize,
-    /// The layout every MoE layer's blobs share (none without MoE layers).
-    layout: Option<ExpertLayout>,
 }
 
-/// The layout every MoE layer's experts share, with the size of their element type: the
-/// expert kernels take one plain type (f32 or bf16 so far) for the three matrices of
-/// every layer. `None` for a model without MoE layers.
-fn uniform_layout(model: &Model) -> Result<Option<ExpertLayout>, VulkanError> {
-    let layers = &model.vault.manifest().experts.layers;
-    let Some(first) = layers.first().map(|l| l.layout) else { return Ok(None) };
-    for l in layers {
-        let [g, u, d] = l.layout.types();
-        if l.layout != first || g != u || g != d || g.is_block() || g == DType::F16 {
+/// Checks that the fused gate/up kernel can read every MoE layer's experts: their gate
+/// and up projections are stored in one type (the down projection may have another).
+fn check_layouts(model: &Model) -> Result<(), VulkanError> {
+    for l in &model.vault.manifest().experts.layers {
+        let (g, u) = (l.layout.gate.dtype, l.layout.up.dtype);
+        if g != u {
             return Err(VulkanError::Unsupported(format!(
-                "layer {} stores its experts as {g}/{u}/{d}; the expert kernels take one type \
-                 (f32 or bf16) for every layer so far",
+                "layer {} stores its experts' gate projections as {g} and up projections as {u}; \
+                 the fused gate/up kernel reads both as one type",
                 l.layer
             )));
         }
     }
-    Ok(Some(first))
+    Ok(())
 }
 
 /// Two layer slots, each holding the largest union of a block of `m` tokens (none for a
@@ -129,7 +124,7 @@ impl ExpertState {
         let k = c.num_experts_per_tok.max(1);
         let route_len = 2 * m * k + 3 * c.num_experts.min(m * k);
         let route_buf = upload_buffer::<u32>(ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
-        let layout = uniform_layout(model)?;
+        check_layouts(model)?;
         let window = ctx.info.max_storage_buffer_range / 2 / 256 * 256;
         let stride = model.vault.max_blob_stride();
         if stride > window {
@@ -153,7 +148,6 @@ impl ExpertState {
             blobs: Vec::with_capacity(c.num_experts),
             order: Vec::with_capacity(c.num_experts),
             max_rows: m,
-            layout,
         })
     }
 
@@ -196,25 +190,17 @@ impl ExpertState {
         self.stage_batch as u64 * model.vault.max_blob_stride()
     }
 
-    /// The layout of every MoE layer's blobs and the bytes of their element type.
-    fn expert_layout(&self) -> Result<(ExpertLayout, u64), VulkanError> {
-        let layout =
-            self.layout.ok_or_else(|| VulkanError::Unsupported("the model has no routed experts".into()))?;
-        Ok((layout, layout.gate.dtype.row_bytes(1).unwrap_or(1) as u64))
-    }
-
     /// Writes the plan's pair lists (token-major indices t·k + r routed to each member,
     /// grouped in union order) and routing weights to the routing buffer, and for a
     /// staged block the whole expert table: union position u's blob lies at
-    /// u · blob_stride in the layer slot, inside the window of its batch. Runs after a
-    /// sync point, so no kernel reads the buffer.
+    /// u · (the largest blob stride) in the layer slot, inside the window of its batch
+    /// (table offsets are bytes). Runs after a sync point, so no kernel reads the buffer.
     pub fn write_routing(&mut self, model: &Model, job: &RouteJob) -> Result<(), VulkanError> {
         let (m, k) = (job.rows(), job.k());
         self.segs.clear();
         self.segs.extend(job.segments());
         let staged = self.staged(m);
-        let (layout, ds) = self.expert_layout()?;
-        let gran = self.stage_window(model);
+        let (gran, stride) = (self.stage_window(model), model.vault.max_blob_stride());
         let mut rb = self.route_buf.write().map_err(verr("writing routing"))?;
         rb[..m * k].copy_from_slice(job.pairs());
         for (i, &w) in job.topk_weights().iter().enumerate() {
@@ -222,9 +208,9 @@ impl ExpertState {
         }
         if staged {
             for (u, &(s, n)) in self.segs.iter().enumerate() {
-                let off = u as u64 * layout.blob_stride;
+                let off = u as u64 * stride;
                 let t = self.tab_off + 3 * u;
-                rb[t..t + 3].copy_from_slice(&[((off - off / gran * gran) / ds) as u32, s as u32, n as u32]);
+                rb[t..t + 3].copy_from_slice(&[(off - off / gran * gran) as u32, s as u32, n as u32]);
             }
         }
         Ok(())
@@ -244,7 +230,8 @@ impl VulkanBackend {
     ) -> Result<Option<Arc<PrimaryAutoCommandBuffer>>, VulkanError> {
         let model = self.model.clone();
         let c = &model.cfg;
-        let (layout, ds) = self.ex.expert_layout()?;
+        let layout = *model.vault.expert_layout(l).map_err(|e| VulkanError::Unsupported(e.to_string()))?;
+        let stride = model.vault.max_blob_stride();
         let staged = self.ex.staged(m);
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let mut blobs = std::mem::take(&mut self.ex.blobs);
@@ -254,7 +241,7 @@ impl VulkanBackend {
             let src = self.blob_buffer(ui, &hnd[..])?;
             let blob = if staged {
                 let slot = self.ex.stage.as_ref().expect("staging buffers exist")[l % 2].clone();
-                let off = ui as u64 * layout.blob_stride;
+                let off = ui as u64 * stride;
                 let dst = slot.slice(off..off + src.len());
                 let tcb = match transfer.as_mut() {
                     Some(t) => t,
@@ -297,7 +284,7 @@ impl VulkanBackend {
                 let (s, n) = self.ex.segs[first + i];
                 let t = self.ex.tab_off + 3 * (first + pos);
                 rb[t..t + 3].copy_from_slice(&[
-                    ((blobs[i].offset() - start) / ds) as u32,
+                    (blobs[i].offset() - start) as u32,
                     s as u32,
                     n as u32,
                 ]);
@@ -306,7 +293,8 @@ impl VulkanBackend {
         let a = self.a;
         let (hu, ku) = (c.hidden_size as u32, c.num_experts_per_tok as u32);
         let inter = c.moe_intermediate_size as u32;
-        let off = |p: &PartLayout| (p.offset / ds) as u32;
+        // Part offsets in the units of each part's type (table offsets are bytes).
+        let off = |p: &PartLayout| (p.offset / weight_unit(p.dtype)) as u32;
         let mut i = 0;
         while i < order.len() {
             let (buf, start, i0) = order[i];
@@ -374,7 +362,8 @@ impl VulkanBackend {
         let whole = Subbuffer::from(blob.buffer().clone());
         let end = (start + len).min(whole.len()) / 4 * 4;
         let win = whole.slice(start..end);
-        let t = typed(&self.kernels, self.ex.expert_layout()?.0.gate.dtype)?;
+        // Every type's kernels have the same set layouts: those of f32 serve all layers.
+        let t = self.kernels.typed(DType::F32)?;
         let down = set0(&self.ctx, &t.down, std::slice::from_ref(&win))?;
         let gu = set0(&self.ctx, &t.gate_up, &[win.clone(), win])?;
         self.ex.window_sets.insert(key, (down.clone(), gu.clone()));

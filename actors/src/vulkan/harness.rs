@@ -14,7 +14,7 @@ use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, verr, De
 use super::context::VulkanContext;
 pub use super::pipelines::MatmulTuning;
 use super::pipelines::{kernel, Kernel, Kernels};
-use super::record::{set0, typed};
+use super::record::set0;
 use super::VulkanError;
 use crate::tensor::WeightView;
 
@@ -122,7 +122,7 @@ impl KernelHarness {
             }
             d.ranges[0].bytes.clone()
         };
-        let set = set0(&self.ctx, &typed(&self.kernels, dtype)?.matvec, std::slice::from_ref(&buf))?;
+        let set = set0(&self.ctx, &self.kernels.typed(dtype)?.matvec, std::slice::from_ref(&buf))?;
         Ok(TestWeight { dtype, rows: w.rows, cols: w.cols, bytes: buf, set })
     }
 
@@ -152,7 +152,7 @@ impl KernelHarness {
 
     /// The set binding `gate` and `up` for the gate/up kernels.
     pub fn pair(&self, gate: &TestWeight, up: &TestWeight) -> Result<Arc<DescriptorSet>, VulkanError> {
-        set0(&self.ctx, &typed(&self.kernels, gate.dtype)?.gate_up, &[gate.bytes.clone(), up.bytes.clone()])
+        set0(&self.ctx, &self.kernels.typed(gate.dtype)?.gate_up, &[gate.bytes.clone(), up.bytes.clone()])
     }
 
     /// Writes `data` into the activation arena at `off`.

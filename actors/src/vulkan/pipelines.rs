@@ -95,6 +95,9 @@ pub struct TypedKernels {
     /// The m=1 expert down projection: `matvec` with [`MatmulTuning::rows_down`] rows
     /// per lane group (its batched sibling is `matmul`).
     pub down: Kernel,
+    /// The embedding lookup, for the types the host does not widen (every type but f32
+    /// and bf16): rows widened or dequantised on the device.
+    pub embed: Option<Kernel>,
 }
 
 /// Every pipeline of the backend.
@@ -248,6 +251,10 @@ impl Kernels {
             gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll)?,
             gate_up_batched: build(format!("gate_up_batched_{ty}"), 1, t.unroll.min(2))?,
             down: build(format!("matvec_{ty}"), t.rows_down, t.unroll)?,
+            embed: match dtype {
+                DType::F32 | DType::Bf16 => None,
+                _ => Some(kernel(&self.device, &self.act_layout, &format!("embed_{ty}"), None)?),
+            },
         };
         // Another thread may have built them meanwhile; either copy is the same.
         Ok(self.typed[i].get_or_init(|| built))

@@ -133,14 +133,14 @@ pub fn set0(
     .map_err(verr("creating a descriptor set"))
 }
 
-/// The kernels for weights of `dtype` (f32 and bf16 so far).
-pub fn typed(k: &Kernels, dtype: DType) -> Result<&TypedKernels, VulkanError> {
-    match dtype {
-        DType::F32 => Ok(&k.f32),
-        DType::Bf16 => Ok(&k.bf16),
-        _ => Err(VulkanError::Unsupported(format!(
-            "the Vulkan backend has no kernels for {dtype} weights yet; use --backend cpu"
-        ))),
+/// Bytes per unit of the matmul kernels' weight offsets (`w_off`, `w2_off`) for weights
+/// of `dtype`: the element size of the float types, one byte for the block formats (whose
+/// rows are runs of blocks). The expert table's offsets are bytes for every type.
+pub fn weight_unit(dtype: DType) -> u64 {
+    if dtype.is_block() {
+        1
+    } else {
+        dtype.row_bytes(1).expect("a float type stores single elements") as u64
     }
 }
 
@@ -193,8 +193,21 @@ impl Recorder {
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        let k = p.kernel(typed(&self.kernels, dtype)?, batched).clone();
+        let k = p.kernel(self.kernels.typed(dtype)?, batched).clone();
         self.dispatch(&k, Some(set), a.words(), a.groups(&k))
+    }
+
+    /// The embedding lookup of `a.m` tokens from a table of `dtype` bound in `set`
+    /// (`shaders/matmul.comp` with `EMBED`): the tokens whose ids (at `a.map_off` of the
+    /// routing buffer) fall in the bound rows `a.x_off .. a.x_off + a.rows` get their row
+    /// (`a.cols` elements) at `a.out_off + t · a.out_stride`.
+    pub fn embed(&mut self, dtype: DType, set: Arc<DescriptorSet>, a: MatmulArgs) -> Result<(), VulkanError> {
+        let k = self.kernels.typed(dtype)?.embed.clone().ok_or_else(|| {
+            VulkanError::Unsupported(format!("no embedding kernel for {dtype} rows (the host widens them)"))
+        })?;
+        // One invocation per chunk of 8 elements, and one for a float type's tail.
+        let groups = [(a.cols / 8 + 1).div_ceil(256), a.m, 1];
+        self.dispatch(&k, Some(set), a.words(), groups)
     }
 
     /// RMSNorm of `m` rows of `n` elements.

@@ -7,6 +7,8 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use smoe_proto::DType;
+
 use vulkano::buffer::Subbuffer;
 use vulkano::descriptor_set::DescriptorSet;
 
@@ -44,13 +46,15 @@ pub struct DeviceModel {
 }
 
 impl DeviceModel {
-    /// Uploads every resident matrix and vector of `model`.
+    /// Uploads every resident matrix and vector of `model`, and the embedding table when
+    /// its rows are looked up on the device ([`device_embeds`]).
     pub fn upload(ctx: &Arc<VulkanContext>, kernels: &Kernels, model: &Model) -> Result<Self, VulkanError> {
         let mut mats = HashMap::new();
-        for r in model.matrices() {
+        let embed = device_embeds(model.w(&model.embed).dtype()).then_some(&model.embed);
+        for r in model.matrices().chain(embed) {
             let Entry::Vacant(slot) = mats.entry(r.key()) else { continue };
             let w = DeviceWeight::upload(ctx, &model.w(r))?;
-            let k = &kernels.f32.matvec;
+            let k = &kernels.typed(DType::F32)?.matvec;
             let sets = w
                 .ranges
                 .iter()
@@ -104,7 +108,7 @@ impl DeviceModel {
                 .iter()
                 .zip(&u.ranges)
                 .map(|(a, b)| {
-                    let set = set0(ctx, &kernels.f32.gate_up, &[a.bytes.clone(), b.bytes.clone()])?;
+                    let set = set0(ctx, &kernels.typed(DType::F32)?.gate_up, &[a.bytes.clone(), b.bytes.clone()])?;
                     Ok(((a.row0 as u32, a.rows as u32), set))
                 })
                 .collect::<Result<_, VulkanError>>()?;
@@ -112,6 +116,12 @@ impl DeviceModel {
         }
         Ok(&self.gate_up[&key])
     }
+}
+
+/// Whether embedding rows of `dtype` are looked up on the device (`Recorder::embed`):
+/// every type but f32 and bf16, whose rows the host widens and copies in.
+pub fn device_embeds(dtype: DType) -> bool {
+    !matches!(dtype, DType::F32 | DType::Bf16)
 }
 
 impl BoundWeight {
@@ -124,6 +134,18 @@ impl BoundWeight {
             a.cols = self.w.cols as u32;
             a.out_off = base + rg.row0 as u32;
             rec.matmul(Projection::Dense, self.w.dtype, batched, set.clone(), a)?;
+        }
+        Ok(())
+    }
+
+    /// Records the embedding lookup of `a.m` tokens (ids at `a.map_off` of the routing
+    /// buffer) into `a.out_off`, one dispatch per bound row range.
+    pub fn embed(&self, rec: &mut Recorder, mut a: MatmulArgs) -> Result<(), VulkanError> {
+        for (rg, set) in self.w.ranges.iter().zip(&self.sets) {
+            a.rows = rg.rows as u32;
+            a.cols = self.w.cols as u32;
+            a.x_off = rg.row0 as u32;
+            rec.embed(self.w.dtype, set.clone(), a)?;
         }
         Ok(())
     }

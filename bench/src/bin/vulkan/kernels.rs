@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use smoe_actors::cpu::quantize::quantize_row;
+use smoe_actors::cpu::quantize::encode_rows;
 use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
     DescriptorSet, KernelHarness, MatmulArgs, MatmulTuning, Projection, Recorder, TestWeight, FLAG_GATHER,
@@ -42,16 +42,8 @@ const TILE_ROWS: usize = 64;
 /// quantised for the block formats, rows repeating after [`TILE_ROWS`]), in device-local
 /// or (`host`) host-visible memory.
 pub fn upload(h: &KernelHarness, rows: usize, cols: usize, seed: u64, dtype: DType, host: bool) -> TestWeight {
-    let tile = fill(rows.min(TILE_ROWS) * cols, seed);
     let mut bytes = Vec::new();
-    for row in tile.chunks_exact(cols) {
-        match dtype {
-            DType::F32 => bytes.extend(row.iter().flat_map(|v| v.to_le_bytes())),
-            DType::Bf16 => bytes.extend(row.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())),
-            DType::F16 => bytes.extend(row.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes())),
-            _ => quantize_row(dtype.ggml(), row, &mut bytes).expect("whole blocks"),
-        }
-    }
+    encode_rows(&fill(rows.min(TILE_ROWS) * cols, seed), cols, dtype, &mut bytes).expect("whole blocks");
     let len = dtype.matrix_bytes(rows, cols).expect("whole blocks") as usize;
     // Words, so that an f32 view is aligned.
     let mut words = vec![0u32; len.div_ceil(4)];
