@@ -532,3 +532,37 @@ fn each_dequantised_weight_is_bitwise_the_cpus() {
         }
     }
 }
+
+#[test]
+fn device_embedding_rows_are_bitwise_the_cpus() {
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 1024).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let (out, sentinel) = (100_000usize, -7.5f32);
+    // (vocab, hidden): whole blocks of every format, and f16 rows with a tail.
+    for &(vocab, cols) in &[(13usize, 256usize), (11, 96), (7, 100)] {
+        // The host widens f32 and bf16 rows; every other type is looked up on the device.
+        for dtype in dtypes(cols).filter(|d| !matches!(d, DType::F32 | DType::Bf16)) {
+            let mat = Mat::random(&mut rng, dtype, vocab, cols);
+            let w = h.weight(&mat.view(), false).unwrap();
+            let ids: Vec<u32> = [5, 0, vocab - 1, 4, 5, 2, 6].map(|i| i as u32 % vocab as u32).to_vec();
+            let m = ids.len();
+            h.write_route(&ids).unwrap();
+            let whole = MatmulArgs { rows: vocab as u32, cols: cols as u32, m: m as u32, out_stride: cols as u32, ..Default::default() };
+            // The whole table bound, then rows 4..7 as a range of a larger table is bound
+            // (binding at row 4): only tokens with ids there are written.
+            let unit = weight_unit(dtype);
+            let ranged = MatmulArgs { rows: 3, x_off: 4, w_off: (4 * dtype.row_bytes(cols).unwrap() as u64 / unit) as u32, ..whole };
+            for (a, lo, hi) in [(whole, 0, vocab as u32), (ranged, 4, 7)] {
+                h.write_act(out, &vec![sentinel; m * cols]).unwrap();
+                h.run(|r| r.embed(dtype, w.set(), MatmulArgs { out_off: out as u32, ..a }), 1).unwrap();
+                let got = h.read_act(out, m * cols).unwrap();
+                for (t, &id) in ids.iter().enumerate() {
+                    let row = &got[t * cols..(t + 1) * cols];
+                    let want = if (lo..hi).contains(&id) { mat.row_f32(id as usize) } else { vec![sentinel; cols] };
+                    assert_eq!(bits(row), bits(&want), "{dtype} vocab {vocab} cols {cols} token {t} (id {id}), rows {lo}..{hi}");
+                }
+            }
+        }
+    }
+}
