@@ -65,39 +65,59 @@ fn open(ctx: &Arc<VulkanContext>, vault: &Path, slots: usize, max_rows: usize) -
     (engine, fwd)
 }
 
-fn check_fixture(name: &str, convert_args: &[&str]) {
-    let Some(ctx) = vulkan::context() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let vault = convert(name, dir.path(), convert_args);
-    let cpu = Engine::open(&vault, &opts(64), &HostAllocator).unwrap();
-    // Serial with a roomy ring; chunked with a ring smaller than a block's union (the
-    // expert work then runs in batches the ring can hold), which must not change a bit.
-    let (_e1, mut serial) = open(&ctx, &vault, 64, 1);
-    let (_e2, mut chunked) = open(&ctx, &vault, 3, 8);
-    let golden = fixture(name).join("golden_logits.safetensors");
-    let mut worst_cpu = 0.0f32;
-    let mut worst_golden = 0.0f32;
-    for (i, (prompt, greedy)) in golden_cases(name).iter().enumerate() {
-        let (ids, rows) = run_greedy(&mut serial, prompt, greedy.len(), 1);
-        assert_eq!(&ids, greedy, "{name} case {i}: Vulkan greedy ids differ from transformers");
+/// Runs each case (prompt, greedy steps) on the Vulkan backend serially (ring of 64
+/// slots), in layer-major blocks of 3 and 8 tokens with a ring of 3 slots (smaller than a
+/// block's union: the expert work then runs in batches the ring can hold), and on the CPU
+/// backend. Layer-major logits must be byte-identical to serial ones, greedy ids equal
+/// to the CPU's and logits within [`CPU_TOLERANCE`] of them. Returns each case's Vulkan
+/// ids and logits, and the largest |Vulkan − CPU|.
+fn check_against_cpu(
+    ctx: &Arc<VulkanContext>,
+    vault: &Path,
+    cases: &[(Vec<u32>, usize)],
+) -> (Vec<(Vec<u32>, Vec<Vec<f32>>)>, f32) {
+    let cpu = Engine::open(vault, &opts(64), &HostAllocator).unwrap();
+    let (_e1, mut serial) = open(ctx, vault, 64, 1);
+    let (_e2, mut chunked) = open(ctx, vault, 3, 8);
+    let mut worst = 0.0f32;
+    let mut out = Vec::new();
+    for (i, (prompt, steps)) in cases.iter().enumerate() {
+        let (ids, rows) = run_greedy(&mut serial, prompt, *steps, 1);
         for chunk in [3, 8] {
-            let (cids, crows) = run_greedy(&mut chunked, prompt, greedy.len(), chunk);
-            assert_eq!(cids, ids, "{name} case {i}: chunk {chunk} ids");
+            let (cids, crows) = run_greedy(&mut chunked, prompt, *steps, chunk);
+            assert_eq!(cids, ids, "{vault:?} case {i}: chunk {chunk} ids");
             let a: Vec<u32> = rows.iter().flatten().map(|v| v.to_bits()).collect();
             let b: Vec<u32> = crows.iter().flatten().map(|v| v.to_bits()).collect();
             assert!(
                 a == b,
-                "{name} case {i}: layer-major (chunk {chunk}) logits are not byte-identical to serial"
+                "{vault:?} case {i}: layer-major (chunk {chunk}) logits are not byte-identical to serial"
             );
         }
-        let (_, cpu_rows) =
-            run_greedy(&mut smoe_actors::executor::cpu_pass(&cpu, 1), prompt, greedy.len(), 1);
+        let (cpu_ids, cpu_rows) =
+            run_greedy(&mut smoe_actors::executor::cpu_pass(&cpu, 1), prompt, *steps, 1);
+        assert_eq!(ids, cpu_ids, "{vault:?} case {i}: Vulkan greedy ids differ from the CPU's");
         let flat: Vec<f32> = cpu_rows.iter().flatten().copied().collect();
         let d = max_diff(&rows, &flat);
-        worst_cpu = worst_cpu.max(d);
-        assert!(d <= CPU_TOLERANCE, "{name} case {i}: max |Vulkan - CPU| logit {d} > {CPU_TOLERANCE}");
+        worst = worst.max(d);
+        assert!(d <= CPU_TOLERANCE, "{vault:?} case {i}: max |Vulkan - CPU| logit {d} > {CPU_TOLERANCE}");
+        out.push((ids, rows));
+    }
+    (out, worst)
+}
+
+fn check_fixture(name: &str, convert_args: &[&str]) {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert(name, dir.path(), convert_args);
+    let golden = fixture(name).join("golden_logits.safetensors");
+    let goldens = golden_cases(name);
+    let cases: Vec<(Vec<u32>, usize)> = goldens.iter().map(|(p, g)| (p.clone(), g.len())).collect();
+    let (runs, worst_cpu) = check_against_cpu(&ctx, &vault, &cases);
+    let mut worst_golden = 0.0f32;
+    for (i, ((ids, rows), (_, greedy))) in runs.iter().zip(&goldens).enumerate() {
+        assert_eq!(ids, greedy, "{name} case {i}: Vulkan greedy ids differ from transformers");
         let (_, theirs) = read_f32(&golden, &format!("case{i}"));
-        let g = max_diff(&rows, &theirs);
+        let g = max_diff(rows, &theirs);
         worst_golden = worst_golden.max(g);
         assert!(g <= GOLDEN_TOLERANCE, "{name} case {i}: max |Vulkan - transformers| {g}");
     }
@@ -105,6 +125,24 @@ fn check_fixture(name: &str, convert_args: &[&str]) {
         "{name} {convert_args:?} on {}: max |Vulkan - CPU| = {worst_cpu:e}, max |Vulkan - transformers| = {worst_golden:e}",
         ctx.info.name
     );
+}
+
+/// Quantised experts (`synth --preset small --quant SCHEME`: hidden and expert sizes of
+/// 256, so every block format applies; Q4_K_M and Q5_K_M keep the down projections of
+/// the last two layers in Q6_K) agree with the CPU backend, layer-major and serial alike.
+#[test]
+fn vulkan_quantised_vaults_match_the_cpu() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = |n: u32| (0..n).map(|i| (i * 37 + 11) % 512).collect::<Vec<u32>>();
+    let cases = [(prompt(1), 3), (prompt(11), 4), (prompt(20), 3)];
+    for scheme in ["q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0"] {
+        let vault = dir.path().join(format!("{scheme}.vault"));
+        let v = vault.to_str().unwrap();
+        run_ok(&["synth", "--out", v, "--preset", "small", "--seed", "3", "--quant", scheme]);
+        let (_, worst) = check_against_cpu(&ctx, &vault, &cases);
+        eprintln!("synth small --quant {scheme} on {}: max |Vulkan - CPU| = {worst:e}", ctx.info.name);
+    }
 }
 
 #[test]
