@@ -1,6 +1,6 @@
 //! The Vulkan backend through the command line (on lavapipe in CI): `generate
 //! --backend vulkan` matches transformers like the CPU backend, and `verify --backend
-//! vulkan` passes the identity gate on the device.
+//! vulkan` passes the identity gate on the device, on bf16 and quantised vaults.
 #![cfg(feature = "vulkan")]
 
 mod common;
@@ -33,23 +33,29 @@ fn generate_on_vulkan_matches_transformers() {
 #[test]
 fn verify_on_vulkan_passes() {
     let dir = tempfile::tempdir().unwrap();
-    let vault = convert("bf16_sharded", dir.path(), &[]);
+    let bf16 = convert("bf16_sharded", dir.path(), &[]);
+    // Quantised experts: Q4_K gate/up with Q4_K or (the last two layers) Q6_K down.
+    let q4_k_m = dir.path().join("q4_k_m.vault");
+    let q = q4_k_m.to_str().unwrap();
+    run_ok(&["synth", "--out", q, "--preset", "small", "--seed", "3", "--quant", "q4_k_m"]);
     let prompts = dir.path().join("prompts.txt");
     let ids =
         |n: usize| format!("[{}]", (0..n).map(|i| (i * 7 % 500).to_string()).collect::<Vec<_>>().join(","));
     std::fs::write(&prompts, format!("{}\n{}\n{}\n", ids(1), ids(8), ids(66))).unwrap();
-    let out = run_ok(&[
-        "verify",
-        "--vault",
-        vault.to_str().unwrap(),
-        "--backend",
-        "vulkan",
-        "--prompts",
-        prompts.to_str().unwrap(),
-        "--chunk-sizes",
-        "1,7,64",
-        "--tokens",
-        "4",
-    ]);
-    assert!(out.contains("9 passed, 0 failed"), "{out}");
+    for vault in [&bf16, &q4_k_m] {
+        let out = run_ok(&[
+            "verify",
+            "--vault",
+            vault.to_str().unwrap(),
+            "--backend",
+            "vulkan",
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--chunk-sizes",
+            "1,7,64",
+            "--tokens",
+            "4",
+        ]);
+        assert!(out.contains("9 passed, 0 failed"), "{vault:?}: {out}");
+    }
 }
