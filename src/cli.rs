@@ -17,7 +17,7 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Convert a HuggingFace checkpoint directory into a vault.
+    /// Convert a HuggingFace checkpoint directory or a GGUF file into a vault.
     Convert(ConvertArgs),
     /// Generate text from a vault.
     Generate(GenerateArgs),
@@ -114,13 +114,19 @@ pub struct DevicesArgs {
 #[derive(Args, Debug)]
 pub struct ConvertArgs {
     /// HuggingFace model directory (config.json, *.safetensors, tokenizer files).
+    #[arg(long, required_unless_present = "gguf", conflicts_with = "gguf")]
+    pub hf: Option<PathBuf>,
+    /// GGUF model file (llama.cpp's format); for a split model its first part
+    /// (`*-00001-of-0000N.gguf`). Tensors keep their formats, the tokenizer and chat
+    /// template come from the GGUF's metadata.
     #[arg(long)]
-    pub hf: PathBuf,
+    pub gguf: Option<PathBuf>,
     /// Vault directory to write.
     #[arg(long)]
     pub out: PathBuf,
-    /// Weight element type: f32 or bf16 (default: bf16 for bf16 checkpoints, else f32).
-    #[arg(long, value_parser = ["f32", "bf16"])]
+    /// Weight element type of a HuggingFace checkpoint: f32 or bf16 (default: bf16 for
+    /// bf16 checkpoints, else f32).
+    #[arg(long, value_parser = ["f32", "bf16"], conflicts_with = "gguf")]
     pub dtype: Option<String>,
     /// Overwrite an existing vault at --out.
     #[arg(long)]

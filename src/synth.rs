@@ -160,6 +160,7 @@ pub fn synth(opts: &SynthOptions) -> Result<Manifest> {
         dtype: opts.dtype,
         force: opts.force,
         tokenizer_dir: opts.tokenizer.as_deref(),
+        tokenizer_files: Vec::new(),
         label: "synthesising",
     };
     write_random(&spec, opts.seed)

@@ -31,6 +31,12 @@ pub const TOKENIZER_FILES: &[&str] = &[
 
 /// Where tensor data comes from.
 pub trait TensorSource {
+    /// The element type resident tensor `name` of `shape` is stored in when the vault's
+    /// weight type is `dtype`: by default `dtype` for matrices, f32 for vectors (norms).
+    fn dtype(&self, _name: &str, shape: &[usize], dtype: DType) -> DType {
+        resident_dtype(shape, dtype)
+    }
+
     /// Streams tensor `name` (which must have `shape`) converted to `to`, handing the
     /// bytes to `emit` in chunks of bounded size.
     fn stream(
@@ -136,10 +142,10 @@ fn resident_dtype(shape: &[usize], dtype: DType) -> DType {
 }
 
 /// Bytes the vault's data files will hold (for the progress bar).
-fn total_bytes(cfg: &ModelConfig, layout: &ExpertLayout, dtype: DType) -> u64 {
+fn total_bytes(cfg: &ModelConfig, layout: &ExpertLayout, dtype: DType, src: &dyn TensorSource) -> u64 {
     let resident: usize = resident_tensors(cfg)
         .iter()
-        .map(|(_, s)| s.iter().product::<usize>() * resident_dtype(s, dtype).size())
+        .map(|(n, s)| s.iter().product::<usize>() * src.dtype(n, s, dtype).size())
         .sum();
     resident as u64 + (cfg.moe_layers().len() * cfg.num_experts) as u64 * layout.blob_stride
 }
@@ -156,6 +162,8 @@ pub struct VaultSpec<'a> {
     pub force: bool,
     /// Directory to copy tokenizer files from.
     pub tokenizer_dir: Option<&'a Path>,
+    /// Tokenizer files to write (name, contents), e.g. made from a GGUF's metadata.
+    pub tokenizer_files: Vec<(&'static str, String)>,
     /// Progress bar label.
     pub label: &'a str,
 }
@@ -165,7 +173,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     let (cfg, dtype) = (spec.cfg, spec.dtype);
     prepare_out_dir(spec.out, spec.force)?;
     let layout = ExpertLayout::new(dtype, cfg.hidden_size, cfg.moe_intermediate_size);
-    let bar = ProgressBar::new(total_bytes(cfg, &layout, dtype)).with_message(spec.label.to_string());
+    let bar = ProgressBar::new(total_bytes(cfg, &layout, dtype, src)).with_message(spec.label.to_string());
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -176,7 +184,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     for (name, shape) in resident_tensors(cfg) {
         sink.pad_to(64)?;
         let offset = sink.pos;
-        let to = resident_dtype(&shape, dtype);
+        let to = src.dtype(&name, &shape, dtype);
         let crc32c = sink.tensor(src, &name, &shape, to, 0)?;
         tensors.push(TensorEntry { name, dtype: to, shape, offset, len: sink.pos - offset, crc32c });
     }
@@ -215,6 +223,11 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     bar.finish_and_clear();
 
     let mut tokenizer_files = Vec::new();
+    for (name, text) in &spec.tokenizer_files {
+        let path = spec.out.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        tokenizer_files.push(name.to_string());
+    }
     if let Some(dir) = spec.tokenizer_dir {
         for name in TOKENIZER_FILES {
             let from = dir.join(name);

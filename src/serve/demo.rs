@@ -86,6 +86,7 @@ fn build(cfg: &ModelConfig, staging: &Path, vault: &Path) -> Result<()> {
         dtype: DTYPE,
         force: true,
         tokenizer_dir: Some(&tok_dir),
+        tokenizer_files: Vec::new(),
         label: "making the demo model",
     };
     synth::write_random(&spec, SEED)?;

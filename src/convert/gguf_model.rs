@@ -1,0 +1,331 @@
+//! A GGUF model as the engine's model: the [`ModelConfig`] from llama.cpp's metadata keys,
+//! and llama.cpp's tensor names mapped to the vault's (HuggingFace) names, each expert's
+//! slice cut from the stacked `ffn_*_exps` tensors.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use smoe_actors::cpu::quant::dequantize_row;
+use smoe_proto::{DType, GgmlType, Manifest, ModelConfig};
+
+use super::gguf::GgufFile;
+use super::{gguf_tokenizer, STREAM_BYTES};
+use crate::vault_writer::{write_vault, TensorSource, VaultSpec};
+
+/// GGUF architectures (`general.architecture`) this build converts, with the
+/// HuggingFace architecture each becomes.
+pub const SUPPORTED_ARCHITECTURES: &[(&str, &str)] = &[("qwen3moe", "Qwen3MoeForCausalLM")];
+
+/// llama.cpp's RoPE base when `<arch>.rope.freq_base` is absent (`llama-model.cpp`).
+const DEFAULT_ROPE_BASE: f64 = 10000.0;
+
+/// Token texts llama.cpp treats as end of generation whatever the ids in the metadata
+/// (`llama-vocab.cpp`, the `special_eog_ids` list; the entries a `gpt2` vocabulary of the
+/// supported families holds).
+const END_OF_GENERATION_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"];
+
+/// Per decoder layer: HuggingFace name (after `model.layers.N.`) → llama.cpp name
+/// (after `blk.N.`), both without `.weight`.
+const LAYER_TENSORS: &[(&str, &str)] = &[
+    ("input_layernorm", "attn_norm"),
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+    ("mlp.gate", "ffn_gate_inp"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+];
+
+/// Per expert: HuggingFace matrix name → llama.cpp's stacked tensor of all experts.
+const EXPERT_TENSORS: &[(&str, &str)] =
+    [("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")].as_slice();
+
+/// Whole-model tensors: HuggingFace name → llama.cpp name.
+const MODEL_TENSORS: &[(&str, &str)] = &[
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// Where a vault tensor is in a GGUF file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GgufSlice {
+    /// The GGUF tensor.
+    pub tensor: String,
+    /// For a stacked expert tensor, which expert's slice.
+    pub expert: Option<usize>,
+}
+
+/// The GGUF tensor (and expert slice) holding the vault tensor `name`, or `None` for a
+/// name the model does not have.
+pub fn gguf_slice(name: &str) -> Option<GgufSlice> {
+    if let Some((_, g)) = MODEL_TENSORS.iter().find(|(hf, _)| *hf == name) {
+        return Some(GgufSlice { tensor: g.to_string(), expert: None });
+    }
+    let rest = name.strip_prefix("model.layers.")?.strip_suffix(".weight")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    if let Some(e) = rest.strip_prefix("mlp.experts.") {
+        let (expert, part) = e.split_once('.')?;
+        let (_, g) = EXPERT_TENSORS.iter().find(|(hf, _)| *hf == part)?;
+        return Some(GgufSlice { tensor: format!("blk.{layer}.{g}.weight"), expert: Some(expert.parse().ok()?) });
+    }
+    let (_, g) = LAYER_TENSORS.iter().find(|(hf, _)| *hf == rest)?;
+    Some(GgufSlice { tensor: format!("blk.{layer}.{g}.weight"), expert: None })
+}
+
+/// The GGUF tensors a model of `cfg` reads, with their row-major shapes: the tensor
+/// [`gguf_slice`] maps each vault tensor to, and the stacked `[experts, rows, cols]`
+/// expert tensors of every MoE layer.
+pub fn gguf_tensors(cfg: &ModelConfig) -> BTreeMap<String, Vec<u64>> {
+    let mut tensors: BTreeMap<String, Vec<u64>> = crate::vault_writer::resident_tensors(cfg)
+        .into_iter()
+        .filter_map(|(name, shape)| Some((gguf_slice(&name)?.tensor, shape.iter().map(|&d| d as u64).collect())))
+        .collect();
+    let (e, h, mi) = (cfg.num_experts as u64, cfg.hidden_size as u64, cfg.moe_intermediate_size as u64);
+    for l in cfg.moe_layers() {
+        for (_, g) in EXPERT_TENSORS {
+            let shape = if *g == "ffn_down_exps" { vec![e, h, mi] } else { vec![e, mi, h] };
+            tensors.insert(format!("blk.{l}.{g}.weight"), shape);
+        }
+    }
+    tensors
+}
+
+/// The model configuration from `g`'s metadata (`<arch>.*` keys, the token list) and
+/// which tensors it has (tied embeddings, dense layers).
+pub fn model_config(g: &GgufFile) -> Result<ModelConfig> {
+    let arch = g.architecture()?;
+    let Some(&(_, hf_arch)) = SUPPORTED_ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
+        let known: Vec<&str> = SUPPORTED_ARCHITECTURES.iter().map(|(a, _)| *a).collect();
+        bail!("GGUF architecture (general.architecture) is {arch:?}; this build converts {known:?}");
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let num = |k: &str| -> Result<usize> { Ok(g.get_u64(&key(k))? as usize) };
+    let opt_num = |k: &str| -> Result<Option<usize>> {
+        g.get(&key(k)).map(|_| num(k)).transpose()
+    };
+    let hidden = num("embedding_length")?;
+    let heads = num("attention.head_count")?;
+    if heads == 0 {
+        bail!("GGUF {} is 0", key("attention.head_count"));
+    }
+    let head_dim = opt_num("attention.key_length")?.unwrap_or(hidden / heads);
+    for k in ["attention.value_length", "rope.dimension_count"] {
+        if let Some(v) = opt_num(k)?.filter(|&v| v != head_dim) {
+            bail!("GGUF {} is {v} but the head dimension is {head_dim}; only full-width heads and RoPE are supported", key(k));
+        }
+    }
+    if let Ok(kind) = g.get_str(&key("rope.scaling.type")) {
+        if kind != "none" {
+            bail!("GGUF {} is {kind:?}; only unscaled RoPE is supported", key("rope.scaling.type"));
+        }
+    }
+    let used = num("expert_used_count")?;
+    let ff = opt_num("feed_forward_length")?.unwrap_or(0);
+    // llama.cpp's fallback when the key is absent (`models/qwen3moe.cpp`).
+    let moe_ff = match opt_num("expert_feed_forward_length")? {
+        Some(n) => n,
+        None if used > 0 => ff / used,
+        None => 0,
+    };
+    let layers = num("block_count")?;
+    let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
+    let mut eos: Vec<u32> = Vec::new();
+    for k in ["eos", "eot", "eom"] {
+        let k = format!("tokenizer.ggml.{k}_token_id");
+        if g.get(&k).is_some() {
+            eos.push(g.get_u64(&k)? as u32);
+        }
+    }
+    for (id, t) in tokens.iter().enumerate() {
+        if END_OF_GENERATION_TOKENS.contains(t) && !eos.contains(&(id as u32)) {
+            eos.push(id as u32);
+        }
+    }
+    let has = |name: String| g.tensor(&name).is_ok();
+    let cfg = ModelConfig {
+        architecture: hf_arch.to_string(),
+        hidden_size: hidden,
+        intermediate_size: ff,
+        moe_intermediate_size: moe_ff,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: opt_num("attention.head_count_kv")?.unwrap_or(heads),
+        head_dim,
+        vocab_size: tokens.len(),
+        // Stored as an f32 (1e-6 reads as 9.99999997e-7): kept as stored.
+        rms_norm_eps: g.get_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
+        rope_theta: match g.get(&key("rope.freq_base")) {
+            Some(_) => g.get_f64(&key("rope.freq_base"))?,
+            None => DEFAULT_ROPE_BASE,
+        },
+        max_position_embeddings: num("context_length")?,
+        num_experts: num("expert_count")?,
+        num_experts_per_tok: used,
+        // No key says it: llama.cpp's qwen3moe graph always renormalises the top-k
+        // weights (`build_moe_ffn(..., LLM_FFN_SILU, true /* norm_w */, ...)` in
+        // `src/models/qwen3moe.cpp`), and transformers' GGUF loader defaults it to true.
+        norm_topk_prob: true,
+        decoder_sparse_step: 1,
+        // A layer without a router is a dense SwiGLU layer (ffn_gate/ffn_up/ffn_down).
+        mlp_only_layers: (0..layers).filter(|l| !has(format!("blk.{l}.ffn_gate_inp.weight"))).collect(),
+        tie_word_embeddings: !has("output.weight".into()),
+        eos_token_ids: eos,
+    };
+    cfg.validate().map_err(|e| anyhow::anyhow!("the model the GGUF metadata describes is invalid: {e}"))?;
+    check_tensors(g, &cfg)?;
+    Ok(cfg)
+}
+
+/// Checks that `g` holds exactly the tensors a model of `cfg` reads (as llama.cpp's
+/// loader does: an extra tensor, such as an attention bias, is something the model
+/// would compute with), each of the shape `cfg` implies and of a type the engine
+/// computes with.
+fn check_tensors(g: &GgufFile, cfg: &ModelConfig) -> Result<()> {
+    let want = gguf_tensors(cfg);
+    let extra: Vec<&str> =
+        g.tensors().iter().map(|t| t.name.as_str()).filter(|n| !want.contains_key(*n)).collect();
+    if !extra.is_empty() {
+        bail!(
+            "the GGUF file holds {} tensor(s) a {} model does not use: {}",
+            extra.len(),
+            cfg.architecture,
+            extra.join(", ")
+        );
+    }
+    for (name, shape) in &want {
+        let t = g.tensor(name).context("the GGUF file is incomplete")?;
+        if t.shape() != *shape {
+            bail!("GGUF tensor {name} has shape {:?}, the metadata implies {shape:?}", t.shape());
+        }
+    }
+    Ok(g.check_supported()?)
+}
+
+/// Converts the GGUF model at `path` (for a split model its first part) into the vault
+/// `out`; returns the manifest written.
+pub fn convert(path: &Path, out: &Path, force: bool) -> Result<Manifest> {
+    let g = GgufFile::open(path)?;
+    let context = || format!("cannot convert {}", path.display());
+    let cfg = model_config(&g).with_context(context)?;
+    let tokenizer_files = gguf_tokenizer::tokenizer_files(&g).with_context(context)?;
+    let dtype = expert_dtype(&g, &cfg).with_context(context)?;
+    let files: Vec<String> = g.parts().iter().map(|p| p.path.display().to_string()).collect();
+    eprintln!("reading the GGUF model {}", files.join(", "));
+    let spec = VaultSpec {
+        out,
+        cfg: &cfg,
+        dtype,
+        force,
+        tokenizer_dir: None,
+        tokenizer_files,
+        label: "converting",
+    };
+    write_vault(&spec, &mut GgufSource::new(&g))
+}
+
+/// The element type of the expert blobs: the type of every stacked expert tensor.
+fn expert_dtype(g: &GgufFile, cfg: &ModelConfig) -> Result<DType> {
+    let mut found: Option<(DType, String)> = None;
+    for l in cfg.moe_layers() {
+        for (_, part) in EXPERT_TENSORS {
+            let name = format!("blk.{l}.{part}.weight");
+            let ty = g.tensor(&name)?.ty;
+            let dtype = stored_dtype(ty).with_context(|| {
+                format!("GGUF tensor {name} is {ty}: this build stores experts only as f32 or bf16")
+            })?;
+            match &found {
+                Some((d, first)) if *d != dtype => {
+                    bail!("GGUF tensor {name} is {}, {first} is {}: experts must share one type", dtype.name(), d.name())
+                }
+                Some(_) => {}
+                None => found = Some((dtype, name)),
+            }
+        }
+    }
+    Ok(found.map_or(DType::F32, |(d, _)| d))
+}
+
+/// The vault element type a GGUF tensor of type `ty` is stored in, unchanged.
+fn stored_dtype(ty: GgmlType) -> Option<DType> {
+    match ty {
+        GgmlType::F32 => Some(DType::F32),
+        GgmlType::Bf16 => Some(DType::Bf16),
+        _ => None,
+    }
+}
+
+/// A GGUF file as a tensor source: every tensor kept in its GGUF format (its bytes
+/// copied), but vectors (norm weights), which the engine reads as f32, and tensors of a
+/// type the vault cannot store, which are dequantised to f32 (exactly).
+pub struct GgufSource<'a> {
+    g: &'a GgufFile,
+    buf: Vec<u8>,
+    row: Vec<f32>,
+}
+
+impl<'a> GgufSource<'a> {
+    /// A source reading `g`, whose tensors [`model_config`] has checked.
+    pub fn new(g: &'a GgufFile) -> Self {
+        GgufSource { g, buf: Vec::new(), row: Vec::new() }
+    }
+
+    /// The GGUF tensor holding vault tensor `name`, and the bytes of its slice.
+    fn slice(&self, name: &str) -> Result<(GgmlType, &'a [u8])> {
+        let s = gguf_slice(name).with_context(|| format!("no GGUF tensor holds {name}"))?;
+        let t = self.g.tensor(&s.tensor)?;
+        let data = self.g.tensor_data(&s.tensor)?;
+        Ok(match s.expert {
+            None => (t.ty, data),
+            Some(e) => {
+                let per = data.len() / t.dims.last().map_or(1, |&n| n as usize);
+                (t.ty, data.get(e * per..(e + 1) * per).with_context(|| format!("{} has no expert {e}", s.tensor))?)
+            }
+        })
+    }
+}
+
+impl TensorSource for GgufSource<'_> {
+    fn dtype(&self, name: &str, shape: &[usize], _default: DType) -> DType {
+        match self.slice(name) {
+            Ok((ty, _)) if shape.len() > 1 => stored_dtype(ty).unwrap_or(DType::F32),
+            _ => DType::F32,
+        }
+    }
+
+    fn stream(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        to: DType,
+        emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let (ty, bytes) = self.slice(name)?;
+        if stored_dtype(ty) == Some(to) {
+            return bytes.chunks(STREAM_BYTES).try_for_each(|c| emit(c));
+        }
+        if to != DType::F32 {
+            bail!("internal error: GGUF tensor for {name} ({ty}) cannot be stored as {}", to.name());
+        }
+        let cols = shape.last().copied().unwrap_or(1);
+        let row_bytes = ty.row_bytes(cols).with_context(|| format!("{name}: rows of {cols} {ty} values"))?;
+        self.row.resize(cols, 0.0);
+        let rows_per_chunk = (STREAM_BYTES / (4 * cols)).max(1);
+        for chunk in bytes.chunks(row_bytes * rows_per_chunk) {
+            self.buf.clear();
+            for row in chunk.chunks(row_bytes) {
+                dequantize_row(ty, row, &mut self.row).with_context(|| format!("dequantising {name}"))?;
+                self.buf.extend(self.row.iter().flat_map(|v| v.to_le_bytes()));
+            }
+            emit(&self.buf)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,143 @@
+//! `convert --gguf` on the GGUF golden fixtures (tests/fixtures/gguf_*): the vault's
+//! config, tensors and tokenizer come from the GGUF alone, and the CPU engine on it
+//! matches transformers loading the same GGUF (greedy ids equal, logits within 1e-4).
+//! Broken or unsupported files are clean errors.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::Value;
+
+fn golden(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("golden.json")).unwrap()).unwrap()
+}
+
+fn manifest(vault: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(vault.join("manifest.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn f32_gguf_matches_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert_gguf("gguf_f32", dir.path());
+    check_golden("gguf_f32", &vault, dir.path());
+}
+
+#[test]
+fn bf16_gguf_matches_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert_gguf("gguf_bf16", dir.path());
+    check_golden("gguf_bf16", &vault, dir.path());
+}
+
+/// The config derived from the metadata is the one the fixture script derived for
+/// transformers (plus what transformers does not need: eos ids, architecture).
+#[test]
+fn config_comes_from_the_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["gguf_f32", "gguf_bf16"] {
+        let vault = convert_gguf(name, dir.path());
+        let (ours, theirs) = (&manifest(&vault)["model"], &golden(name)["config"]);
+        for key in [
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "moe_intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "num_experts",
+            "num_experts_per_tok",
+            "norm_topk_prob",
+            "decoder_sparse_step",
+            "mlp_only_layers",
+            "max_position_embeddings",
+            "rope_theta",
+            "tie_word_embeddings",
+        ] {
+            assert_eq!(ours[key], theirs[key], "{name}: {key}");
+        }
+        let eps = ours["rms_norm_eps"].as_f64().unwrap() as f32;
+        assert_eq!(eps, theirs["rms_norm_eps"].as_f64().unwrap() as f32, "{name}: rms_norm_eps as f32");
+        assert_eq!(ours["architecture"], "Qwen3MoeForCausalLM");
+        // eos_token_id, then <|endoftext|> (llama.cpp's end-of-generation list).
+        assert_eq!(id_list(&ours["eos_token_ids"]), [383, 381], "{name}");
+    }
+}
+
+/// The vault's tokenizer.json encodes every sample as the transformers tokenizer built
+/// from the same GGUF does, and tokenizer_config.json carries the chat template.
+#[test]
+fn tokenizer_comes_from_the_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert_gguf("gguf_f32", dir.path());
+    let tok = tokenizers::Tokenizer::from_file(vault.join("tokenizer.json")).unwrap();
+    let original = tokenizers::Tokenizer::from_file(fixture("moe_all").join("tokenizer.json")).unwrap();
+    let g = golden("gguf_f32");
+    for s in g["tokenizer_samples"].as_array().unwrap() {
+        let text = s["text"].as_str().unwrap();
+        let ids = tok.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(ids, id_list(&s["ids"]), "{text:?}");
+        assert_eq!(ids, original.encode(text, true).unwrap().get_ids(), "{text:?}");
+        assert_eq!(tok.decode(&ids, false).unwrap(), original.decode(&ids, false).unwrap());
+    }
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(vault.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["chat_template"], g["metadata"]["tokenizer.chat_template"]);
+    assert_eq!((cfg["eos_token"].as_str(), cfg["pad_token"].as_str()), (Some("<|im_end|>"), Some("<|endoftext|>")));
+    assert_eq!(manifest(&vault)["tokenizer_files"], serde_json::json!(["tokenizer.json", "tokenizer_config.json"]));
+}
+
+/// Bytes of the fixture `name`'s model.gguf.
+fn gguf_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(fixture(name).join("model.gguf")).unwrap()
+}
+
+/// Converts `bytes` written as a GGUF file; expects a clean error; returns stderr.
+fn convert_err(dir: &Path, bytes: &[u8]) -> String {
+    let path = dir.join("m.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let out = dir.join("vault");
+    let err = run_err(&["convert", "--gguf", path.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!out.join("manifest.json").exists(), "a failed conversion left a manifest");
+    err
+}
+
+#[test]
+fn broken_and_unsupported_files_are_clean_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = gguf_bytes("gguf_bf16");
+
+    let err = convert_err(dir.path(), &good[..good.len() - 1000]);
+    assert!(err.contains("is truncated") && err.contains("output.weight"), "{err}");
+    let err = convert_err(dir.path(), &good[..100]);
+    assert!(err.contains("is truncated"), "{err}");
+
+    let mut magic = good.clone();
+    magic[..4].copy_from_slice(b"GGML");
+    let err = convert_err(dir.path(), &magic);
+    assert!(err.contains("is not a GGUF file"), "{err}");
+
+    // Every `qwen3moe` (the architecture and its key prefix) becomes `qwen2moe`.
+    let mut arch = good.clone();
+    for at in 0..arch.len() - 8 {
+        if &arch[at..at + 8] == b"qwen3moe" {
+            arch[at..at + 8].copy_from_slice(b"qwen2moe");
+        }
+    }
+    let err = convert_err(dir.path(), &arch);
+    assert!(err.contains("\"qwen2moe\"") && err.contains("[\"qwen3moe\"]"), "{err}");
+
+    // output.weight's info: name, n_dims (u32), two u64 dims, then the ggml type id.
+    let mut q4_1 = good.clone();
+    let name = b"output.weight";
+    let at = q4_1.windows(name.len()).position(|w| w == name).unwrap() + name.len() + 4 + 16;
+    assert_eq!(q4_1[at..at + 4], 30u32.to_le_bytes(), "bf16");
+    // q4_1: blocks of 32 like the rows, a type without a kernel.
+    q4_1[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
+    let err = convert_err(dir.path(), &q4_1);
+    assert!(err.contains("output.weight is q4_1") && err.contains("supported: f32, f16, bf16"), "{err}");
+}
