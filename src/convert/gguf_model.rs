@@ -329,3 +329,143 @@ impl TensorSource for GgufSource<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use smoe_actors::model::Model;
+    use smoe_actors::vault::Vault;
+
+    use super::*;
+    use crate::convert::gguf::tests::{gstr, strings, u32b, Builder};
+
+    const H: u64 = 32;
+    const HEADS: u64 = 2;
+    const EXPERTS: u64 = 2;
+    const MOE_FF: u64 = 32;
+    const FF: u64 = 64;
+    const TOKENS: [&str; 4] = ["a", "b", "ab", "<|im_end|>"];
+
+    /// A two-layer qwen3moe model: layer 0 dense (no router), layer 1 MoE, tied
+    /// embeddings, no `key_length` (head_dim = hidden / heads) and no `rope.freq_base`.
+    fn model() -> Builder {
+        let f32b = |v: f32| v.to_le_bytes().to_vec();
+        let mut types = u32b(5);
+        types.extend(4u64.to_le_bytes());
+        [1i32, 1, 1, 3].iter().for_each(|t| types.extend(t.to_le_bytes()));
+        let mut b = Builder::new()
+            .kv(b"qwen3moe.embedding_length", 4, u32b(H as u32))
+            .kv(b"qwen3moe.block_count", 4, u32b(2))
+            .kv(b"qwen3moe.attention.head_count", 4, u32b(HEADS as u32))
+            .kv(b"qwen3moe.expert_count", 4, u32b(EXPERTS as u32))
+            .kv(b"qwen3moe.expert_used_count", 4, u32b(1))
+            .kv(b"qwen3moe.expert_feed_forward_length", 4, u32b(MOE_FF as u32))
+            .kv(b"qwen3moe.feed_forward_length", 4, u32b(FF as u32))
+            .kv(b"qwen3moe.context_length", 4, u32b(64))
+            .kv(b"qwen3moe.attention.layer_norm_rms_epsilon", 6, f32b(1e-6))
+            .kv(b"tokenizer.ggml.model", 8, gstr(b"gpt2"))
+            .kv(b"tokenizer.ggml.pre", 8, gstr(b"qwen2"))
+            .kv(b"tokenizer.ggml.tokens", 9, strings(&TOKENS))
+            .kv(b"tokenizer.ggml.token_type", 9, types)
+            .kv(b"tokenizer.ggml.merges", 9, strings(&["a b"]))
+            .kv(b"tokenizer.ggml.eos_token_id", 4, u32b(1))
+            .tensor("token_embd.weight", &[H, TOKENS.len() as u64], GgmlType::F32)
+            .tensor("output_norm.weight", &[H], GgmlType::F32);
+        for l in 0..2 {
+            let t = |n: &str| format!("blk.{l}.{n}.weight");
+            let hd = H / HEADS;
+            b = b
+                .tensor(&t("attn_norm"), &[H], GgmlType::F32)
+                .tensor(&t("attn_q"), &[H, H], GgmlType::Bf16)
+                .tensor(&t("attn_k"), &[H, H], GgmlType::F16)
+                .tensor(&t("attn_v"), &[H, H], GgmlType::F32)
+                .tensor(&t("attn_output"), &[H, H], GgmlType::Bf16)
+                .tensor(&t("attn_q_norm"), &[hd], GgmlType::F32)
+                .tensor(&t("attn_k_norm"), &[hd], GgmlType::F32)
+                .tensor(&t("ffn_norm"), &[H], GgmlType::F16);
+            b = if l == 0 {
+                b.tensor(&t("ffn_gate"), &[H, FF], GgmlType::F32)
+                    .tensor(&t("ffn_up"), &[H, FF], GgmlType::F32)
+                    .tensor(&t("ffn_down"), &[FF, H], GgmlType::F32)
+            } else {
+                b.tensor(&t("ffn_gate_inp"), &[H, EXPERTS], GgmlType::F32)
+                    .tensor(&t("ffn_gate_exps"), &[H, MOE_FF, EXPERTS], GgmlType::Bf16)
+                    .tensor(&t("ffn_up_exps"), &[H, MOE_FF, EXPERTS], GgmlType::Bf16)
+                    .tensor(&t("ffn_down_exps"), &[MOE_FF, H, EXPERTS], GgmlType::Bf16)
+            };
+        }
+        b
+    }
+
+    #[test]
+    fn every_vault_tensor_has_a_gguf_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = GgufFile::open(&model().write(dir.path(), "m.gguf")).unwrap();
+        let mut cfg = model_config(&g).unwrap();
+        cfg.tie_word_embeddings = false;
+        for (name, _) in crate::vault_writer::resident_tensors(&cfg) {
+            assert!(gguf_slice(&name).is_some(), "{name}");
+        }
+        let s = gguf_slice("model.layers.7.mlp.experts.12.down_proj.weight").unwrap();
+        assert_eq!(s, GgufSlice { tensor: "blk.7.ffn_down_exps.weight".into(), expert: Some(12) });
+        assert_eq!(gguf_slice("model.layers.1.mlp.experts.x.down_proj.weight"), None);
+        assert_eq!(gguf_slice("model.layers.1.self_attn.q_proj.bias"), None);
+        assert_eq!(gguf_tensors(&cfg)["output.weight"], [TOKENS.len() as u64, H]);
+    }
+
+    #[test]
+    fn config_dense_layers_tied_embeddings_and_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = GgufFile::open(&model().write(dir.path(), "m.gguf")).unwrap();
+        let cfg = model_config(&g).unwrap();
+        assert_eq!(cfg.mlp_only_layers, [0]);
+        assert_eq!(cfg.moe_layers(), [1]);
+        assert!(cfg.tie_word_embeddings && cfg.norm_topk_prob);
+        assert_eq!((cfg.head_dim, cfg.num_key_value_heads), ((H / HEADS) as usize, HEADS as usize));
+        assert_eq!((cfg.intermediate_size, cfg.moe_intermediate_size), (FF as usize, MOE_FF as usize));
+        assert_eq!(cfg.rope_theta, DEFAULT_ROPE_BASE);
+        assert_eq!(cfg.rms_norm_eps, 1e-6f32);
+        assert_eq!((cfg.vocab_size, cfg.max_position_embeddings), (4, 64));
+        // tokenizer.ggml.eos_token_id, then <|im_end|> by name.
+        assert_eq!(cfg.eos_token_ids, [1, 3]);
+    }
+
+    /// The converted vault opens, every tensor resolves at the shape the engine needs,
+    /// the tensors keep their types (f16 widened to f32, norms f32), and the tokenizer
+    /// loads.
+    #[test]
+    fn converts_to_a_vault_the_engine_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = model().write(dir.path(), "m.gguf");
+        let out = dir.path().join("vault");
+        let m = convert(&path, &out, false).unwrap();
+        assert_eq!(m.experts.layout.dtype, DType::Bf16);
+        let dtype = |n: &str| m.resident.tensors.iter().find(|t| t.name == n).unwrap().dtype;
+        assert_eq!(dtype("model.layers.0.self_attn.q_proj.weight"), DType::Bf16);
+        assert_eq!(dtype("model.layers.0.self_attn.k_proj.weight"), DType::F32);
+        assert_eq!(dtype("model.layers.0.post_attention_layernorm.weight"), DType::F32);
+        let vault = Arc::new(Vault::open(&out).unwrap());
+        Model::load(vault, 64).unwrap();
+        let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+        assert_eq!(tok.encode("abab<|im_end|>", true).unwrap().get_ids(), [2, 2, 3]);
+    }
+
+    #[test]
+    fn files_the_model_does_not_match_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |b: Builder| -> String {
+            let g = GgufFile::open(&b.write(dir.path(), "m.gguf")).unwrap();
+            format!("{:#}", model_config(&g).unwrap_err())
+        };
+        let e = err(model().tensor("blk.0.attn_q.bias", &[H], GgmlType::F32));
+        assert!(e.contains("does not use: blk.0.attn_q.bias"), "{e}");
+        let e = err(model().kv(b"qwen3moe.attention.key_length", 4, u32b(8)));
+        assert!(e.contains("has shape [32, 32], the metadata implies [16, 32]"), "{e}");
+        let e = err(model().kv(b"qwen3moe.rope.scaling.type", 8, gstr(b"yarn")));
+        assert!(e.contains("rope.scaling.type is \"yarn\""), "{e}");
+        let mut no_layers = model();
+        no_layers.kv.retain(|(k, ..)| k != b"qwen3moe.block_count");
+        assert!(err(no_layers).contains("qwen3moe.block_count is missing"));
+    }
+}

@@ -9,9 +9,16 @@
 //! 3 CONTROL for added tokens that are special (or look special, `<|…|>`), 4 USER_DEFINED
 //! for other added tokens (`<think>`); `merges` as `"left right"` strings in rank order;
 //! and `pre`, the name of the pre-tokenizer (its regex is not stored). This module inverts
-//! that: NORMAL tokens form the BPE vocabulary, CONTROL and USER_DEFINED tokens the added
-//! tokens (special or not), UNUSED ids are left out, and `pre` selects the normaliser
-//! and pre-tokenizer the original `tokenizer.json` of that family holds.
+//! that: CONTROL and USER_DEFINED tokens become the added tokens (special or not), UNUSED
+//! ids are left out, and `pre` selects the normaliser and pre-tokenizer the original
+//! `tokenizer.json` of that family holds.
+//!
+//! Every other token, the added ones too, is an entry of the BPE vocabulary (as in
+//! checkpoints whose special tokens sit inside the vocabulary): the `tokenizers` crate ignores an added token's `id`
+//! when loading and numbers it after the vocabulary unless the vocabulary holds it, so
+//! only this keeps every id wherever the added tokens sit. Merges never produce them, so
+//! encoding is unchanged. The file is loaded once written, and every token checked to
+//! have its GGUF id.
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
@@ -54,9 +61,14 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
     let mut vocab = Map::new();
     let mut added = Vec::new();
     for (id, (&tok, &ty)) in tokens.iter().zip(&types).enumerate() {
-        match ty {
-            UNUSED => {}
-            CONTROL | USER_DEFINED => added.push(json!({
+        if ty == UNUSED {
+            continue;
+        }
+        if let Some(first) = vocab.insert(tok.to_string(), json!(id)) {
+            bail!("GGUF tokenizer.ggml.tokens holds {tok:?} twice (ids {first} and {id})");
+        }
+        if ty == CONTROL || ty == USER_DEFINED {
+            added.push(json!({
                 "id": id,
                 "content": tok,
                 "single_word": false,
@@ -64,12 +76,7 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
                 "rstrip": false,
                 "normalized": false,
                 "special": ty == CONTROL,
-            })),
-            _ => {
-                if let Some(first) = vocab.insert(tok.to_string(), json!(id)) {
-                    bail!("GGUF tokenizer.ggml.tokens holds {tok:?} twice (ids {first} and {id})");
-                }
-            }
+            }));
         }
     }
     let merges = g
@@ -163,10 +170,25 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
     if let Ok(template) = g.get_str("tokenizer.chat_template") {
         config["chat_template"] = json!(template);
     }
+    let json = serde_json::to_string(&tokenizer)?;
+    check_ids(&json, &tokens, &types)?;
     Ok(vec![
-        (TOKENIZER_JSON, serde_json::to_string(&tokenizer)?),
+        (TOKENIZER_JSON, json),
         (TOKENIZER_CONFIG_JSON, serde_json::to_string_pretty(&config)?),
     ])
+}
+
+/// Loads `json` with the `tokenizers` crate and checks that every token of the GGUF but
+/// the UNUSED ones has its GGUF id.
+fn check_ids(json: &str, tokens: &[&str], types: &[i64]) -> Result<()> {
+    let tok = tokenizers::Tokenizer::from_bytes(json.as_bytes())
+        .map_err(|e| anyhow::anyhow!("the tokenizer.json made from the GGUF does not load: {e}"))?;
+    for (id, (t, _)) in tokens.iter().zip(types).enumerate().filter(|(_, (_, &ty))| ty != UNUSED) {
+        if tok.token_to_id(t) != Some(id as u32) {
+            bail!("the tokenizer.json made from the GGUF gives token {t:?} the id {:?}, not {id}", tok.token_to_id(t));
+        }
+    }
+    Ok(())
 }
 
 /// `tokenizer.ggml.token_type` (every token NORMAL when the key is absent), one per token.
@@ -179,4 +201,68 @@ fn token_types(g: &GgufFile, n: usize) -> Result<Vec<i64>> {
         bail!(bad());
     }
     items.iter().map(|t| t.as_f64().map(|f| f as i64).with_context(bad)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::gguf::tests::{gstr, strings, u32b, Builder};
+
+    /// A vocabulary of `<s>`, `h`, `i`, `hi` and `<think>` (USER_DEFINED) of tokenizer
+    /// `model` and pre-tokenizer `pre`, with extra keys.
+    fn vocab_of(model: &str, pre: &str, extra: &[(&[u8], u32, Vec<u8>)]) -> GgufFile {
+        let mut types = u32b(5);
+        types.extend(5u64.to_le_bytes());
+        [3i32, 1, 1, 1, 4].iter().for_each(|t| types.extend(t.to_le_bytes()));
+        let mut b = Builder::new()
+            .kv(b"tokenizer.ggml.model", 8, gstr(model.as_bytes()))
+            .kv(b"tokenizer.ggml.pre", 8, gstr(pre.as_bytes()))
+            .kv(b"tokenizer.ggml.tokens", 9, strings(&["<s>", "h", "i", "hi", "<think>"]))
+            .kv(b"tokenizer.ggml.token_type", 9, types)
+            .kv(b"tokenizer.ggml.merges", 9, strings(&["h i"]))
+            .kv(b"tokenizer.ggml.bos_token_id", 4, u32b(0));
+        for (k, code, v) in extra {
+            b = b.kv(k, *code, v.clone());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        GgufFile::open(&b.write(dir.path(), "t.gguf")).unwrap()
+    }
+
+    fn vocab(extra: &[(&[u8], u32, Vec<u8>)]) -> GgufFile {
+        vocab_of("gpt2", "qwen2", extra)
+    }
+
+    fn load(g: &GgufFile) -> (tokenizers::Tokenizer, Value) {
+        let files = tokenizer_files(g).unwrap();
+        let tok = tokenizers::Tokenizer::from_bytes(files[0].1.as_bytes()).unwrap();
+        (tok, serde_json::from_str(&files[1].1).unwrap())
+    }
+
+    #[test]
+    fn added_tokens_special_or_not_and_no_bos_by_default() {
+        let (tok, cfg) = load(&vocab(&[]));
+        assert_eq!(tok.encode("hi<think>hi", true).unwrap().get_ids(), [3, 4, 3]);
+        assert_eq!(tok.decode(&[0, 3, 4], true).unwrap(), "hi<think>");
+        assert_eq!(cfg["bos_token"], "<s>");
+        assert!(cfg["eos_token"].is_null() && cfg.get("chat_template").is_none());
+        assert_eq!(cfg["added_tokens_decoder"]["4"]["special"], false);
+    }
+
+    #[test]
+    fn add_bos_token_prefixes_bos() {
+        let (tok, cfg) = load(&vocab(&[(b"tokenizer.ggml.add_bos_token", 7, vec![1])]));
+        assert_eq!(tok.encode("hi", true).unwrap().get_ids(), [0, 3]);
+        assert_eq!(cfg["add_bos_token"], true);
+    }
+
+    #[test]
+    fn unsupported_tokenizers_are_errors() {
+        let err = |g: GgufFile| format!("{:#}", tokenizer_files(&g).unwrap_err());
+        let e = err(vocab_of("llama", "default", &[]));
+        assert!(e.contains("tokenizer.ggml.model is \"llama\"") && e.contains("(\"gpt2\")"), "{e}");
+        let e = err(vocab_of("gpt2", "llama-bpe", &[]));
+        assert!(e.contains("tokenizer.ggml.pre is \"llama-bpe\"") && e.contains("[\"qwen2\"]"), "{e}");
+        let e = err(vocab(&[(b"tokenizer.ggml.eos_token_id", 4, u32b(9))]));
+        assert!(e.contains("eos_token_id is 9, past the 5 tokens"), "{e}");
+    }
 }
