@@ -93,8 +93,14 @@ fn tokenizer_comes_from_the_metadata() {
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(vault.join("tokenizer_config.json")).unwrap()).unwrap();
     assert_eq!(cfg["chat_template"], g["metadata"]["tokenizer.chat_template"]);
-    assert_eq!((cfg["eos_token"].as_str(), cfg["pad_token"].as_str()), (Some("<|im_end|>"), Some("<|endoftext|>")));
-    assert_eq!(manifest(&vault)["tokenizer_files"], serde_json::json!(["tokenizer.json", "tokenizer_config.json"]));
+    assert_eq!(
+        (cfg["eos_token"].as_str(), cfg["pad_token"].as_str()),
+        (Some("<|im_end|>"), Some("<|endoftext|>"))
+    );
+    assert_eq!(
+        manifest(&vault)["tokenizer_files"],
+        serde_json::json!(["tokenizer.json", "tokenizer_config.json"])
+    );
 }
 
 /// Bytes of the fixture `name`'s model.gguf.
@@ -137,13 +143,8 @@ fn broken_and_unsupported_files_are_clean_errors() {
     let err = convert_err(dir.path(), &arch);
     assert!(err.contains("\"qwen2moe\"") && err.contains("[\"qwen3moe\"]"), "{err}");
 
-    // output.weight's info: name, n_dims (u32), two u64 dims, then the ggml type id.
-    let mut q4_1 = good.clone();
-    let name = b"output.weight";
-    let at = q4_1.windows(name.len()).position(|w| w == name).unwrap() + name.len() + 4 + 16;
-    assert_eq!(q4_1[at..at + 4], 30u32.to_le_bytes(), "bf16");
-    // q4_1: blocks of 32 like the rows, a type without a kernel.
-    q4_1[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
+    // output.weight: bf16 (30) read as q4_1 (3): blocks of 32 like the rows, no kernel.
+    let q4_1 = retype_gguf_tensor(&good, "output.weight", 30, 3);
     let err = convert_err(dir.path(), &q4_1);
     assert!(err.contains("output.weight is q4_1") && err.contains("supported: f32, f16, bf16"), "{err}");
 }
@@ -155,7 +156,8 @@ fn serve_runs_a_gguf_only_vault() {
     let dir = tempfile::tempdir().unwrap();
     let vault = convert_gguf("gguf_f32", dir.path());
     let mut d = Daemon::start(&["--vault", vault.to_str().unwrap(), "--max-context", "256"], &[]);
-    let body = r#"{"model": "gguf_f32.vault", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}"#;
+    let body =
+        r#"{"model": "gguf_f32.vault", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}"#;
     let reply: Value = serde_json::from_str(&request(&d.url, "POST", "/v1/chat/completions", body)).unwrap();
     let tok = tokenizers::Tokenizer::from_file(vault.join("tokenizer.json")).unwrap();
     let prompt = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n";
@@ -172,7 +174,11 @@ fn serve_runs_a_gguf_only_vault() {
 /// `package/models`).
 fn qwen3_tokenizer_dir() -> Option<PathBuf> {
     let dir = PathBuf::from(std::env::var_os("SMOE_QWEN3_TOKENIZER")?);
-    assert!(dir.join("tokenizer.json").is_file(), "SMOE_QWEN3_TOKENIZER={} has no tokenizer.json", dir.display());
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "SMOE_QWEN3_TOKENIZER={} has no tokenizer.json",
+        dir.display()
+    );
     Some(dir)
 }
 
@@ -217,7 +223,16 @@ fn qwen3_tokenizer_round_trips_through_gguf() {
     for key in ["chat_template", "eos_token", "pad_token"] {
         assert_eq!(c[key], o[key], "{key}");
     }
-    let out = run_ok(&["generate", "--vault", vault.to_str().unwrap(), "--prompt", "Hello world", "--max-tokens", "1", "--json"]);
+    let out = run_ok(&[
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt",
+        "Hello world",
+        "--max-tokens",
+        "1",
+        "--json",
+    ]);
     let out: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(id_list(&out["prompt_ids"]), [9707, 1879]);
     // <|im_end|> (the GGUF's eos) and <|endoftext|> end generation, as in Qwen3's

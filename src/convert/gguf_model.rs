@@ -74,7 +74,10 @@ pub fn gguf_slice(name: &str) -> Option<GgufSlice> {
     if let Some(e) = rest.strip_prefix("mlp.experts.") {
         let (expert, part) = e.split_once('.')?;
         let (_, g) = EXPERT_TENSORS.iter().find(|(hf, _)| *hf == part)?;
-        return Some(GgufSlice { tensor: format!("blk.{layer}.{g}.weight"), expert: Some(expert.parse().ok()?) });
+        return Some(GgufSlice {
+            tensor: format!("blk.{layer}.{g}.weight"),
+            expert: Some(expert.parse().ok()?),
+        });
     }
     let (_, g) = LAYER_TENSORS.iter().find(|(hf, _)| *hf == rest)?;
     Some(GgufSlice { tensor: format!("blk.{layer}.{g}.weight"), expert: None })
@@ -86,7 +89,9 @@ pub fn gguf_slice(name: &str) -> Option<GgufSlice> {
 pub fn gguf_tensors(cfg: &ModelConfig) -> BTreeMap<String, Vec<u64>> {
     let mut tensors: BTreeMap<String, Vec<u64>> = crate::vault_writer::resident_tensors(cfg)
         .into_iter()
-        .filter_map(|(name, shape)| Some((gguf_slice(&name)?.tensor, shape.iter().map(|&d| d as u64).collect())))
+        .filter_map(|(name, shape)| {
+            Some((gguf_slice(&name)?.tensor, shape.iter().map(|&d| d as u64).collect()))
+        })
         .collect();
     let (e, h, mi) = (cfg.num_experts as u64, cfg.hidden_size as u64, cfg.moe_intermediate_size as u64);
     for l in cfg.moe_layers() {
@@ -108,9 +113,7 @@ pub fn model_config(g: &GgufFile) -> Result<ModelConfig> {
     };
     let key = |k: &str| format!("{arch}.{k}");
     let num = |k: &str| -> Result<usize> { Ok(g.get_u64(&key(k))? as usize) };
-    let opt_num = |k: &str| -> Result<Option<usize>> {
-        g.get(&key(k)).map(|_| num(k)).transpose()
-    };
+    let opt_num = |k: &str| -> Result<Option<usize>> { g.get(&key(k)).map(|_| num(k)).transpose() };
     let hidden = num("embedding_length")?;
     let heads = num("attention.head_count")?;
     if heads == 0 {
@@ -219,15 +222,8 @@ pub fn convert(path: &Path, out: &Path, force: bool) -> Result<Manifest> {
     let dtype = expert_dtype(&g, &cfg).with_context(context)?;
     let files: Vec<String> = g.parts().iter().map(|p| p.path.display().to_string()).collect();
     eprintln!("reading the GGUF model {}", files.join(", "));
-    let spec = VaultSpec {
-        out,
-        cfg: &cfg,
-        dtype,
-        force,
-        tokenizer_dir: None,
-        tokenizer_files,
-        label: "converting",
-    };
+    let spec =
+        VaultSpec { out, cfg: &cfg, dtype, force, tokenizer_dir: None, tokenizer_files, label: "converting" };
     write_vault(&spec, &mut GgufSource::new(&g))
 }
 
@@ -243,7 +239,11 @@ fn expert_dtype(g: &GgufFile, cfg: &ModelConfig) -> Result<DType> {
             })?;
             match &found {
                 Some((d, first)) if *d != dtype => {
-                    bail!("GGUF tensor {name} is {}, {first} is {}: experts must share one type", dtype.name(), d.name())
+                    bail!(
+                        "GGUF tensor {name} is {}, {first} is {}: experts must share one type",
+                        dtype.name(),
+                        d.name()
+                    )
                 }
                 Some(_) => {}
                 None => found = Some((dtype, name)),
@@ -286,7 +286,11 @@ impl<'a> GgufSource<'a> {
             None => (t.ty, data),
             Some(e) => {
                 let per = data.len() / t.dims.last().map_or(1, |&n| n as usize);
-                (t.ty, data.get(e * per..(e + 1) * per).with_context(|| format!("{} has no expert {e}", s.tensor))?)
+                (
+                    t.ty,
+                    data.get(e * per..(e + 1) * per)
+                        .with_context(|| format!("{} has no expert {e}", s.tensor))?,
+                )
             }
         })
     }
@@ -309,7 +313,7 @@ impl TensorSource for GgufSource<'_> {
     ) -> Result<()> {
         let (ty, bytes) = self.slice(name)?;
         if stored_dtype(ty) == Some(to) {
-            return bytes.chunks(STREAM_BYTES).try_for_each(|c| emit(c));
+            return bytes.chunks(STREAM_BYTES).try_for_each(&mut *emit);
         }
         if to != DType::F32 {
             bail!("internal error: GGUF tensor for {name} ({ty}) cannot be stored as {}", to.name());

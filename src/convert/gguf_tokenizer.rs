@@ -54,7 +54,9 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
     let pre = g.get_str("tokenizer.ggml.pre")?;
     let Some(&(_, split, normalizer)) = PRE_TOKENIZERS.iter().find(|(name, ..)| *name == pre) else {
         let known: Vec<&str> = PRE_TOKENIZERS.iter().map(|(n, ..)| *n).collect();
-        bail!("GGUF metadata tokenizer.ggml.pre is {pre:?}; smoe-pipeline knows the pre-tokenizers {known:?}");
+        bail!(
+            "GGUF metadata tokenizer.ggml.pre is {pre:?}; smoe-pipeline knows the pre-tokenizers {known:?}"
+        );
     };
     let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
     let types = token_types(g, tokens.len())?;
@@ -104,7 +106,8 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
     };
     let (bos, eos, pad) = (special("bos")?, special("eos")?, special("padding")?);
     let add_bos = matches!(g.get("tokenizer.ggml.add_bos_token"), Some(GgufValue::Bool(true)));
-    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    let byte_level =
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
     let post_processor = match (add_bos, bos) {
         (false, _) => byte_level.clone(),
         (true, Some((id, b))) => {
@@ -172,10 +175,7 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
     }
     let json = serde_json::to_string(&tokenizer)?;
     check_ids(&json, &tokens, &types)?;
-    Ok(vec![
-        (TOKENIZER_JSON, json),
-        (TOKENIZER_CONFIG_JSON, serde_json::to_string_pretty(&config)?),
-    ])
+    Ok(vec![(TOKENIZER_JSON, json), (TOKENIZER_CONFIG_JSON, serde_json::to_string_pretty(&config)?)])
 }
 
 /// Loads `json` with the `tokenizers` crate and checks that every token of the GGUF but
@@ -185,7 +185,10 @@ fn check_ids(json: &str, tokens: &[&str], types: &[i64]) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("the tokenizer.json made from the GGUF does not load: {e}"))?;
     for (id, (t, _)) in tokens.iter().zip(types).enumerate().filter(|(_, (_, &ty))| ty != UNUSED) {
         if tok.token_to_id(t) != Some(id as u32) {
-            bail!("the tokenizer.json made from the GGUF gives token {t:?} the id {:?}, not {id}", tok.token_to_id(t));
+            bail!(
+                "the tokenizer.json made from the GGUF gives token {t:?} the id {:?}, not {id}",
+                tok.token_to_id(t)
+            );
         }
     }
     Ok(())

@@ -80,6 +80,18 @@ pub fn convert_gguf(name: &str, dir: &Path) -> PathBuf {
     out
 }
 
+/// A copy of the GGUF file `bytes` whose 2-D tensor `name` has ggml type id `to` in
+/// its info (name, `u32` dimension count, two `u64` dims, then the type id), asserting
+/// it had `from`. The data is left as it was.
+pub fn retype_gguf_tensor(bytes: &[u8], name: &str, from: u32, to: u32) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    let n = name.as_bytes();
+    let at = b.windows(n.len()).position(|w| w == n).unwrap() + n.len() + 4 + 16;
+    assert_eq!(b[at..at + 4], from.to_le_bytes(), "type id of {name}");
+    b[at..at + 4].copy_from_slice(&to.to_le_bytes());
+    b
+}
+
 /// Largest |logit − transformers' logit| the golden tests accept.
 pub const GOLDEN_TOLERANCE: f32 = 1e-4;
 
