@@ -20,7 +20,7 @@ use cli::{Cli, Command};
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Convert(a) => {
-            let dtype = a.dtype.as_deref().and_then(smoe_actors::vault::parse_dtype);
+            let dtype = a.dtype.as_deref().and_then(smoe_proto::DType::from_name);
             let source = match (a.hf, a.gguf) {
                 (Some(dir), _) => convert::Source::Hf(dir),
                 (None, Some(file)) => convert::Source::Gguf(file),
@@ -29,12 +29,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let opts = convert::ConvertOptions { source, out: a.out, dtype, force: a.force };
             let m = convert::convert(&opts)?;
             eprintln!(
-                "wrote vault {} ({} layers, {} MoE layers × {} experts, {} weights)",
+                "wrote vault {} ({} layers, {} MoE layers × {} experts; {})",
                 opts.out.display(),
                 m.model.num_hidden_layers,
                 m.experts.layers.len(),
                 m.model.num_experts,
-                m.experts.layout.dtype.name()
+                m.format_summary()
             );
             Ok(())
         }
@@ -47,17 +47,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 preset: a.preset,
                 layers: a.layers,
                 seed: a.seed,
-                dtype: smoe_actors::vault::parse_dtype(&a.dtype).unwrap_or(smoe_proto::DType::Bf16),
+                dtype: smoe_proto::DType::from_name(&a.dtype).unwrap_or(smoe_proto::DType::Bf16),
                 tokenizer: a.tokenizer,
                 force: a.force,
             };
             let m = synth::synth(&opts)?;
             eprintln!(
-                "wrote synthetic vault {} ({} layers, {} experts of {} bytes each)",
+                "wrote synthetic vault {} ({} layers, {} experts of {} bytes each; {})",
                 opts.out.display(),
                 m.model.num_hidden_layers,
                 m.experts.layers.len() * m.model.num_experts,
-                m.experts.layout.blob_len
+                m.experts.layers.iter().map(|l| l.layout.blob_len).max().unwrap_or(0),
+                m.format_summary()
             );
             Ok(())
         }

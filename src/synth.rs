@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smoe_proto::{DType, Manifest, ModelConfig};
 
-use crate::vault_writer::{write_vault, TensorSource, VaultSpec};
+use crate::vault_writer::{encode_rows, step_elems, write_vault, TensorSource, VaultSpec};
 
 /// Names of the built-in presets.
 pub const PRESETS: &[&str] = &["tiny", "qwen3-30b-a3b", "qwen3-235b-a22b"];
@@ -120,19 +120,14 @@ impl TensorSource for RandomSource {
             let a = (3.0 / fan_in).sqrt();
             (-a, a)
         };
+        let cols = shape.last().copied().unwrap_or(1);
         let mut left: usize = shape.iter().product();
         while left > 0 {
-            let n = left.min(STEP);
+            let n = left.min(step_elems(cols, STEP));
             self.vals.clear();
             self.vals.extend((0..n).map(|_| rng.random_range(lo..hi)));
             self.bytes.clear();
-            match to {
-                DType::F32 => self.vals.iter().for_each(|v| self.bytes.extend_from_slice(&v.to_le_bytes())),
-                DType::Bf16 => self
-                    .vals
-                    .iter()
-                    .for_each(|v| self.bytes.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
-            }
+            encode_rows(&self.vals, cols, to, &mut self.bytes)?;
             emit(&self.bytes)?;
             left -= n;
         }

@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use smoe_actors::cpu::quantize::quantize_row;
 use smoe_proto::{
-    align_up, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig, ResidentIndex,
-    TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
+    align_up, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig,
+    ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
 };
 
 /// Name of the resident tensor file inside a vault.
@@ -31,14 +32,17 @@ pub const TOKENIZER_FILES: &[&str] = &[
 
 /// Where tensor data comes from.
 pub trait TensorSource {
-    /// The element type resident tensor `name` of `shape` is stored in when the vault's
-    /// weight type is `dtype`: by default `dtype` for matrices, f32 for vectors (norms).
+    /// The element type tensor `name` of `shape` is stored in when the vault's weight type
+    /// is `dtype`: by default `dtype` for matrices, f32 for vectors (norms). Asked for
+    /// every resident tensor, and for each expert matrix of a layer through expert 0's
+    /// (every expert of a layer shares one layout).
     fn dtype(&self, _name: &str, shape: &[usize], dtype: DType) -> DType {
         resident_dtype(shape, dtype)
     }
 
     /// Streams tensor `name` (which must have `shape`) converted to `to`, handing the
-    /// bytes to `emit` in chunks of bounded size.
+    /// bytes to `emit` in chunks of bounded size, each a whole number of rows (see
+    /// [`step_elems`] and [`encode_rows`]).
     fn stream(
         &mut self,
         name: &str,
@@ -46,6 +50,32 @@ pub trait TensorSource {
         to: DType,
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()>;
+}
+
+/// Appends `vals` — whole rows of `cols` values — stored as `to`: f32 as is, bf16 and
+/// f16 rounded to nearest even, a block format quantised row by row as llama.cpp and
+/// gguf-py do ([`quantize_row`]).
+pub fn encode_rows(vals: &[f32], cols: usize, to: DType, out: &mut Vec<u8>) -> Result<()> {
+    match to {
+        DType::F32 => vals.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::Bf16 => {
+            vals.iter().for_each(|v| out.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes()))
+        }
+        DType::F16 => vals.iter().for_each(|v| out.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
+        _ => {
+            for row in vals.chunks(cols.max(1)) {
+                quantize_row(to.ggml(), row, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Elements to hand over per step when streaming rows of `cols` elements: whole rows
+/// (so block formats can be quantised), about `step` of them, at least one row.
+pub fn step_elems(cols: usize, step: usize) -> usize {
+    let cols = cols.max(1);
+    (step / cols).max(1) * cols
 }
 
 /// Writes bytes while tracking the file offset and a progress bar.
@@ -142,12 +172,10 @@ fn resident_dtype(shape: &[usize], dtype: DType) -> DType {
 }
 
 /// Bytes the vault's data files will hold (for the progress bar).
-fn total_bytes(cfg: &ModelConfig, layout: &ExpertLayout, dtype: DType, src: &dyn TensorSource) -> u64 {
-    let resident: usize = resident_tensors(cfg)
-        .iter()
-        .map(|(n, s)| s.iter().product::<usize>() * src.dtype(n, s, dtype).size())
-        .sum();
-    resident as u64 + (cfg.moe_layers().len() * cfg.num_experts) as u64 * layout.blob_stride
+fn total_bytes(cfg: &ModelConfig, layouts: &[ExpertLayout], dtype: DType, src: &dyn TensorSource) -> u64 {
+    let resident: u64 =
+        resident_tensors(cfg).iter().filter_map(|(n, s)| tensor_bytes(src.dtype(n, s, dtype), s)).sum();
+    resident + layouts.iter().map(|l| cfg.num_experts as u64 * l.blob_stride).sum::<u64>()
 }
 
 /// What to write.
@@ -171,9 +199,23 @@ pub struct VaultSpec<'a> {
 /// Writes a complete vault from `src`; returns its manifest.
 pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<Manifest> {
     let (cfg, dtype) = (spec.cfg, spec.dtype);
+    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    let layouts = cfg
+        .moe_layers()
+        .into_iter()
+        .map(|l| {
+            let types = [("gate_proj", [i, h]), ("up_proj", [i, h]), ("down_proj", [h, i])]
+                .map(|(part, shape)| src.dtype(&format!("model.layers.{l}.mlp.experts.0.{part}.weight"), &shape, dtype));
+            ExpertLayout::new(types, h, i).with_context(|| {
+                format!(
+                    "layer {l}: experts of {i}×{h} cannot be stored as {}",
+                    types.map(DType::name).join("/")
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     prepare_out_dir(spec.out, spec.force)?;
-    let layout = ExpertLayout::new(dtype, cfg.hidden_size, cfg.moe_intermediate_size);
-    let bar = ProgressBar::new(total_bytes(cfg, &layout, dtype, src)).with_message(spec.label.to_string());
+    let bar = ProgressBar::new(total_bytes(cfg, &layouts, dtype, src)).with_message(spec.label.to_string());
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -191,9 +233,8 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     sink.pad_to(64)?;
     let resident = ResidentIndex { file: RESIDENT_FILE.into(), file_len: sink.finish()?, tensors };
 
-    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
     let mut layers = Vec::new();
-    for l in cfg.moe_layers() {
+    for (l, layout) in cfg.moe_layers().into_iter().zip(layouts) {
         let file = expert_file_name(l);
         let mut sink = Sink::create(spec.out.join(&file), &bar)?;
         let mut blobs = Vec::with_capacity(cfg.num_experts);
@@ -201,16 +242,12 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
             let offset = sink.pos;
             let p = format!("model.layers.{l}.mlp.experts.{e}");
             let mut crc = 0u32;
-            let parts = [
-                ("gate_proj", [i, h], layout.gate),
-                ("up_proj", [i, h], layout.up),
-                ("down_proj", [h, i], layout.down),
-            ];
-            for (part, shape, lay) in parts {
+            for (part, lay) in layout.parts() {
                 let zeros = vec![0u8; (offset + lay.offset - sink.pos) as usize];
                 crc = crc32c::crc32c_append(crc, &zeros);
                 sink.write(&zeros)?;
-                crc = sink.tensor(src, &format!("{p}.{part}.weight"), &shape, dtype, crc)?;
+                crc =
+                    sink.tensor(src, &format!("{p}.{part}.weight"), &[lay.rows, lay.cols], lay.dtype, crc)?;
             }
             if sink.pos - offset != layout.blob_len {
                 bail!("internal error: expert blob of layer {l} expert {e} has the wrong length");
@@ -218,7 +255,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
             sink.pad_to(BLOB_ALIGN)?;
             blobs.push(BlobEntry { offset, crc32c: crc });
         }
-        layers.push(LayerBlobs { layer: l, file, file_len: sink.finish()?, blobs });
+        layers.push(LayerBlobs { layer: l, file, file_len: sink.finish()?, layout, blobs });
     }
     bar.finish_and_clear();
 
@@ -242,7 +279,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         format_version: FORMAT_VERSION,
         model: cfg.clone(),
         resident,
-        experts: ExpertIndex { layout, layers },
+        experts: ExpertIndex { layers },
         tokenizer_files,
     };
     let path = spec.out.join(MANIFEST_FILE);

@@ -24,18 +24,51 @@ fn manifest(vault: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(vault.join("manifest.json")).unwrap()).unwrap()
 }
 
+/// Converts GGUF fixture `name` and runs its golden cases on the CPU engine.
+fn check_gguf_golden(name: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert_gguf(name, dir.path());
+    check_golden(name, &vault, dir.path());
+}
+
 #[test]
 fn f32_gguf_matches_transformers() {
-    let dir = tempfile::tempdir().unwrap();
-    let vault = convert_gguf("gguf_f32", dir.path());
-    check_golden("gguf_f32", &vault, dir.path());
+    check_gguf_golden("gguf_f32");
 }
 
 #[test]
 fn bf16_gguf_matches_transformers() {
-    let dir = tempfile::tempdir().unwrap();
-    let vault = convert_gguf("gguf_bf16", dir.path());
-    check_golden("gguf_bf16", &vault, dir.path());
+    check_gguf_golden("gguf_bf16");
+}
+
+#[test]
+fn q8_0_gguf_matches_transformers() {
+    check_gguf_golden("gguf_q8_0");
+}
+
+#[test]
+fn q4_0_gguf_matches_transformers() {
+    check_gguf_golden("gguf_q4_0");
+}
+
+#[test]
+fn q4_k_gguf_matches_transformers() {
+    check_gguf_golden("gguf_q4_k");
+}
+
+#[test]
+fn q5_k_gguf_matches_transformers() {
+    check_gguf_golden("gguf_q5_k");
+}
+
+#[test]
+fn q6_k_gguf_matches_transformers() {
+    check_gguf_golden("gguf_q6_k");
+}
+
+#[test]
+fn q4_k_m_gguf_matches_transformers() {
+    check_gguf_golden("gguf_q4_k_m");
 }
 
 /// The config derived from the metadata is the one the fixture script derived for

@@ -129,7 +129,7 @@ fn concurrent_claims_loads_and_evictions_keep_the_invariants() {
         assert_eq!(s.hits + s.misses, claims, "{name}: every claim is a hit or a miss");
         assert_eq!(s.slots.iter().sum::<u64>(), ring.n_slots() as u64, "{name}: slot states conserved");
         assert_eq!(s.slots[EMPTY as usize] + s.slots[READY as usize] + s.slots[CONSUMED as usize], 5);
-        let blob = engine.vault.expert_layout().blob_len;
+        let blob = engine.vault.manifest().experts.layers[0].layout.blob_len;
         assert_eq!(s.bytes_read, s.blob_reads * blob, "{name}");
         assert!(s.misses + s.bets_used <= s.blob_reads, "{name}: {s:?}");
         assert!(s.bets_used <= s.bets_issued && s.evictions <= s.blob_reads, "{name}: {s:?}");
@@ -176,7 +176,7 @@ fn trace_replays_through_a_plain_lru_with_exact_byte_accounting() {
     let blob_len = {
         let m: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(vault.join("manifest.json")).unwrap()).unwrap();
-        m["experts"]["layout"]["blob_len"].as_u64().unwrap()
+        m["experts"]["layers"][0]["layout"]["blob_len"].as_u64().unwrap()
     };
     for capacity in [1usize, 2, 5, 13, 24] {
         let trace = dir.path().join(format!("trace{capacity}.jsonl"));

@@ -17,7 +17,8 @@ use crate::vault::Vault;
 pub enum RingSize {
     /// A number of slots.
     Slots(usize),
-    /// A byte budget, divided by the blob stride.
+    /// A byte budget, divided by the slot size: the largest blob stride of the vault
+    /// (quantised experts are smaller, so the same budget holds more of them).
     Bytes(u64),
 }
 
@@ -77,7 +78,7 @@ impl Engine {
         let model = Arc::new(Model::load(vault.clone(), opts.max_context)?);
         let slots = match opts.ring {
             RingSize::Slots(n) => n,
-            RingSize::Bytes(b) => (b / vault.expert_layout().blob_stride.max(1)) as usize,
+            RingSize::Bytes(b) => (b / vault.max_blob_stride().max(1)) as usize,
         };
         let ring = Arc::new(RingCache::new(
             vault.clone(),

@@ -6,7 +6,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use smoe_proto::vault_format::align_up;
 use smoe_proto::{
     DType, ExpertKey, ExpertLayout, Manifest, TensorEntry, VaultError, BLOB_ALIGN, FORMAT_VERSION,
     MANIFEST_FILE,
@@ -27,6 +26,8 @@ pub struct Vault {
 #[derive(Clone, Debug)]
 pub struct TensorRef {
     offset: usize,
+    /// Byte length (checked against the shape and type when the vault opened).
+    len: usize,
     dtype: DType,
     rows: usize,
     cols: usize,
@@ -81,7 +82,7 @@ impl Vault {
             }
             None => return Err(manifest_err(&mpath, "missing `format_version`")),
         }
-        let manifest: Manifest = serde_json::from_value(version)
+        let manifest = Manifest::from_json(version)
             .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
         manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
         let layer_slot = check_expert_index(&mpath, &dir, &manifest)?;
@@ -106,13 +107,12 @@ impl Vault {
         })?;
         for t in &manifest.resident.tensors {
             let end = t.offset.checked_add(t.len).filter(|&e| e <= actual);
-            let expected_len = (t.numel() * t.dtype.size()) as u64;
-            if end.is_none() || t.len != expected_len || t.offset % 64 != 0 {
+            if end.is_none() || t.byte_len() != Some(t.len) || t.offset % 64 != 0 {
                 return Err(manifest_err(
                     &rpath,
                     format!(
-                        "tensor `{}` entry (offset {}, len {}) does not fit its shape or the file",
-                        t.name, t.offset, t.len
+                        "tensor `{}` entry (offset {}, len {}) does not fit its shape of {} {:?} or the file",
+                        t.name, t.offset, t.len, t.dtype, t.shape
                     ),
                 ));
             }
@@ -138,9 +138,17 @@ impl Vault {
         &self.manifest
     }
 
-    /// Layout shared by all expert blobs.
-    pub fn expert_layout(&self) -> &ExpertLayout {
-        &self.manifest.experts.layout
+    /// Layout of the expert blobs of decoder layer `layer`.
+    pub fn expert_layout(&self, layer: usize) -> Result<&ExpertLayout, VaultError> {
+        match self.layer_slot.get(layer).copied().flatten() {
+            Some(i) => Ok(&self.manifest.experts.layers[i].layout),
+            None => Err(VaultError::NotMoeLayer { layer }),
+        }
+    }
+
+    /// The largest blob stride of any MoE layer: the bytes one ring slot holds.
+    pub fn max_blob_stride(&self) -> u64 {
+        self.manifest.experts.max_blob_stride()
     }
 
     /// Looks up a resident tensor by name, checking its shape; the returned reference
@@ -165,13 +173,13 @@ impl Vault {
             [r, c] => (*r, *c),
             _ => return Err(manifest_err(&mpath, format!("tensor `{name}` is not 1-D or 2-D"))),
         };
-        Ok(TensorRef { offset: t.offset as usize, dtype: t.dtype, rows, cols })
+        let (offset, len) = (t.offset as usize, t.len as usize);
+        Ok(TensorRef { offset, len, dtype: t.dtype, rows, cols })
     }
 
     /// A view of a resolved resident tensor.
     pub fn view(&self, r: &TensorRef) -> WeightView<'_> {
-        let len = r.rows * r.cols * r.dtype.size();
-        WeightView::from_bytes(r.dtype, &self.resident[r.offset..r.offset + len], r.rows, r.cols)
+        WeightView::from_bytes(r.dtype, &self.resident[r.offset..r.offset + r.len], r.rows, r.cols)
     }
 
     /// Where the blob of `key` is stored.
@@ -180,7 +188,7 @@ impl Vault {
         let li = self.layer_slot.get(key.layer as usize).copied().flatten().ok_or_else(none)?;
         let layer = &self.manifest.experts.layers[li];
         let entry = layer.blobs.get(key.expert as usize).ok_or_else(none)?;
-        let layout = &self.manifest.experts.layout;
+        let layout = &layer.layout;
         Ok(BlobLocation {
             file: self.dir.join(&layer.file),
             offset: entry.offset,
@@ -195,16 +203,6 @@ impl Vault {
 /// decoder-layer → index map.
 fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Option<usize>>, VaultError> {
     let cfg = &m.model;
-    let layout = &m.experts.layout;
-    if cfg.num_experts > 0 {
-        let want = ExpertLayout::new(layout.dtype, cfg.hidden_size, cfg.moe_intermediate_size);
-        if *layout != want {
-            return Err(manifest_err(mpath, "expert layout does not match the model's expert shape"));
-        }
-    }
-    if layout.blob_stride != align_up(layout.blob_len, BLOB_ALIGN) {
-        return Err(manifest_err(mpath, "expert blob stride is not the 16 KiB-aligned blob length"));
-    }
     let moe = cfg.moe_layers();
     let listed: Vec<usize> = m.experts.layers.iter().map(|l| l.layer).collect();
     if listed != moe {
@@ -216,6 +214,18 @@ fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Opti
     let mut map = vec![None; cfg.num_hidden_layers];
     for (i, l) in m.experts.layers.iter().enumerate() {
         map[l.layer] = Some(i);
+        let layout = &l.layout;
+        let want = ExpertLayout::new(layout.types(), cfg.hidden_size, cfg.moe_intermediate_size);
+        if want.as_ref() != Some(layout) {
+            return Err(manifest_err(
+                mpath,
+                format!(
+                    "the expert layout of layer {} does not match the model's expert shape stored as {}",
+                    l.layer,
+                    layout.types().map(DType::name).join("/")
+                ),
+            ));
+        }
         let path = dir.join(&l.file);
         if l.blobs.len() != cfg.num_experts {
             return Err(manifest_err(
@@ -253,13 +263,4 @@ fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Opti
         }
     }
     Ok(map)
-}
-
-/// Element type names accepted on the command line.
-pub fn parse_dtype(s: &str) -> Option<DType> {
-    match s {
-        "f32" => Some(DType::F32),
-        "bf16" => Some(DType::Bf16),
-        _ => None,
-    }
 }

@@ -83,6 +83,12 @@ pub enum VaultError {
         /// What is wrong.
         reason: String,
     },
+    /// A decoder layer without routed experts was asked for its expert layout.
+    #[error("decoder layer {layer} has no routed experts in this vault")]
+    NotMoeLayer {
+        /// The layer asked for.
+        layer: usize,
+    },
     /// The requested expert does not exist in this vault.
     #[error("layer {layer} expert {expert} is not in the vault")]
     NoSuchExpert {

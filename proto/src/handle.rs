@@ -34,8 +34,9 @@ impl fmt::Display for ExpertKey {
 
 /// Owner of the slot memory behind handles (the ring cache, or a simple reader).
 pub trait SlotOwner: Send + Sync {
-    /// The bytes of `slot`. Only called while a reference to the slot is held, so the
-    /// bytes cannot change underneath the caller.
+    /// The bytes of `slot` (at least the blob it holds; a handle keeps its blob's
+    /// length). Only called while a reference to the slot is held, so the bytes cannot
+    /// change underneath the caller.
     fn slot_bytes(&self, slot: u32) -> &[u8];
     /// Drops one reference to `slot`.
     fn release(&self, slot: u32);

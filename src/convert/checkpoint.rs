@@ -21,6 +21,16 @@ pub enum SrcDtype {
     F16,
 }
 
+impl SrcDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            SrcDtype::F32 => 4,
+            SrcDtype::Bf16 | SrcDtype::F16 => 2,
+        }
+    }
+}
+
 /// One tensor's place in a shard.
 #[derive(Clone, Debug)]
 pub struct TensorInfo {

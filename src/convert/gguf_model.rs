@@ -219,52 +219,25 @@ pub fn convert(path: &Path, out: &Path, force: bool) -> Result<Manifest> {
     let context = || format!("cannot convert {}", path.display());
     let cfg = model_config(&g).with_context(context)?;
     let tokenizer_files = gguf_tokenizer::tokenizer_files(&g).with_context(context)?;
-    let dtype = expert_dtype(&g, &cfg).with_context(context)?;
     let files: Vec<String> = g.parts().iter().map(|p| p.path.display().to_string()).collect();
     eprintln!("reading the GGUF model {}", files.join(", "));
-    let spec =
-        VaultSpec { out, cfg: &cfg, dtype, force, tokenizer_dir: None, tokenizer_files, label: "converting" };
+    let spec = VaultSpec {
+        out,
+        cfg: &cfg,
+        // Not used: the source keeps every tensor's own type.
+        dtype: DType::F32,
+        force,
+        tokenizer_dir: None,
+        tokenizer_files,
+        label: "converting",
+    };
     write_vault(&spec, &mut GgufSource::new(&g))
 }
 
-/// The element type of the expert blobs: the type of every stacked expert tensor.
-fn expert_dtype(g: &GgufFile, cfg: &ModelConfig) -> Result<DType> {
-    let mut found: Option<(DType, String)> = None;
-    for l in cfg.moe_layers() {
-        for (_, part) in EXPERT_TENSORS {
-            let name = format!("blk.{l}.{part}.weight");
-            let ty = g.tensor(&name)?.ty;
-            let dtype = stored_dtype(ty).with_context(|| {
-                format!("GGUF tensor {name} is {ty}: this build stores experts only as f32 or bf16")
-            })?;
-            match &found {
-                Some((d, first)) if *d != dtype => {
-                    bail!(
-                        "GGUF tensor {name} is {}, {first} is {}: experts must share one type",
-                        dtype.name(),
-                        d.name()
-                    )
-                }
-                Some(_) => {}
-                None => found = Some((dtype, name)),
-            }
-        }
-    }
-    Ok(found.map_or(DType::F32, |(d, _)| d))
-}
-
-/// The vault element type a GGUF tensor of type `ty` is stored in, unchanged.
-fn stored_dtype(ty: GgmlType) -> Option<DType> {
-    match ty {
-        GgmlType::F32 => Some(DType::F32),
-        GgmlType::Bf16 => Some(DType::Bf16),
-        _ => None,
-    }
-}
-
-/// A GGUF file as a tensor source: every tensor kept in its GGUF format (its bytes
-/// copied), but vectors (norm weights), which the engine reads as f32, and tensors of a
-/// type the vault cannot store, which are dequantised to f32 (exactly).
+/// A GGUF file as a tensor source: every matrix (and each expert's slice of the stacked
+/// expert tensors) kept in its GGUF format, its bytes copied, never requantised; vectors
+/// (norm weights), which the engine reads as f32, dequantised to f32 (exactly) when the
+/// GGUF stores them otherwise.
 pub struct GgufSource<'a> {
     g: &'a GgufFile,
     buf: Vec<u8>,
@@ -299,7 +272,8 @@ impl<'a> GgufSource<'a> {
 impl TensorSource for GgufSource<'_> {
     fn dtype(&self, name: &str, shape: &[usize], _default: DType) -> DType {
         match self.slice(name) {
-            Ok((ty, _)) if shape.len() > 1 => stored_dtype(ty).unwrap_or(DType::F32),
+            // Every type model_config let through (GgmlType::SUPPORTED) has a DType.
+            Ok((ty, _)) if shape.len() > 1 => DType::from_ggml(ty).unwrap_or(DType::F32),
             _ => DType::F32,
         }
     }
@@ -312,7 +286,7 @@ impl TensorSource for GgufSource<'_> {
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         let (ty, bytes) = self.slice(name)?;
-        if stored_dtype(ty) == Some(to) {
+        if DType::from_ggml(ty) == Some(to) {
             return bytes.chunks(STREAM_BYTES).try_for_each(&mut *emit);
         }
         if to != DType::F32 {
@@ -436,23 +410,60 @@ mod tests {
     }
 
     /// The converted vault opens, every tensor resolves at the shape the engine needs,
-    /// the tensors keep their types (f16 widened to f32, norms f32), and the tokenizer
-    /// loads.
+    /// the matrices keep their types, norms are f32 (an f16 one dequantised), and the
+    /// tokenizer loads.
     #[test]
     fn converts_to_a_vault_the_engine_loads() {
         let dir = tempfile::tempdir().unwrap();
         let path = model().write(dir.path(), "m.gguf");
         let out = dir.path().join("vault");
         let m = convert(&path, &out, false).unwrap();
-        assert_eq!(m.experts.layout.dtype, DType::Bf16);
+        assert_eq!(m.experts.layers[0].layout.types(), [DType::Bf16; 3]);
         let dtype = |n: &str| m.resident.tensors.iter().find(|t| t.name == n).unwrap().dtype;
         assert_eq!(dtype("model.layers.0.self_attn.q_proj.weight"), DType::Bf16);
-        assert_eq!(dtype("model.layers.0.self_attn.k_proj.weight"), DType::F32);
+        assert_eq!(dtype("model.layers.0.self_attn.k_proj.weight"), DType::F16);
         assert_eq!(dtype("model.layers.0.post_attention_layernorm.weight"), DType::F32);
         let vault = Arc::new(Vault::open(&out).unwrap());
         Model::load(vault, 64).unwrap();
         let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
         assert_eq!(tok.encode("abab<|im_end|>", true).unwrap().get_ids(), [2, 2, 3]);
+    }
+
+    /// Every expert's gate/up/down slices are the GGUF's bytes unchanged (a Q4_K_M-like
+    /// file: Q4_K gate/up, Q6_K down), each blob's checksum holds, and the resident
+    /// matrices keep their GGUF types and bytes.
+    #[test]
+    fn expert_slices_and_resident_matrices_keep_the_gguf_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf_q4_k_m/model.gguf");
+        let out = dir.path().join("vault");
+        let m = convert(&path, &out, false).unwrap();
+        let g = GgufFile::open(&path).unwrap();
+        for layer in &m.experts.layers {
+            let file = std::fs::read(out.join(&layer.file)).unwrap();
+            assert_eq!(layer.layout.types(), [DType::Q4K, DType::Q4K, DType::Q6K]);
+            for (e, blob) in layer.blobs.iter().enumerate() {
+                let b = &file[blob.offset as usize..(blob.offset + layer.layout.blob_len) as usize];
+                assert_eq!(crc32c::crc32c(b), blob.crc32c);
+                for ((part, p), (_, gname)) in layer.layout.parts().into_iter().zip(EXPERT_TENSORS) {
+                    let stacked = g.tensor_data(&format!("blk.{}.{gname}.weight", layer.layer)).unwrap();
+                    let per = stacked.len() / m.model.num_experts;
+                    assert!(p.slice(b) == &stacked[e * per..(e + 1) * per], "layer {} expert {e} {part}", layer.layer);
+                }
+            }
+        }
+        let resident = std::fs::read(out.join(&m.resident.file)).unwrap();
+        for t in &m.resident.tensors {
+            let s = gguf_slice(&t.name).unwrap();
+            let ty = g.tensor(&s.tensor).unwrap().ty;
+            let bytes = &resident[t.offset as usize..(t.offset + t.len) as usize];
+            if t.shape.len() == 2 {
+                assert_eq!(t.dtype.ggml(), ty, "{}", t.name);
+                assert!(bytes == g.tensor_data(&s.tensor).unwrap(), "{}", t.name);
+            } else {
+                assert_eq!(t.dtype, DType::F32, "{}", t.name);
+            }
+        }
     }
 
     #[test]

@@ -11,10 +11,10 @@ pub mod hf_config;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use smoe_proto::{DType, Manifest};
 
-use crate::vault_writer::{write_vault, TensorSource, VaultSpec};
+use crate::vault_writer::{encode_rows, step_elems, write_vault, TensorSource, VaultSpec};
 
 use checkpoint::{Checkpoint, SrcDtype};
 
@@ -23,24 +23,29 @@ const STREAM_ELEMS: usize = 1 << 20;
 /// Bytes handed on per step when streaming a tensor.
 const STREAM_BYTES: usize = 4 << 20;
 
-/// Converts the raw little-endian bytes of `src` (elements of `from`) to `to`,
-/// appending to `out`. Widening is exact; narrowing f32 → bf16 rounds to nearest even.
-fn convert_elems(src: &[u8], from: SrcDtype, to: DType, out: &mut Vec<u8>) {
-    let f32_at = |i: usize| -> f32 {
-        match from {
-            SrcDtype::F32 => f32::from_le_bytes([src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3]]),
-            SrcDtype::Bf16 => half::bf16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32(),
-            SrcDtype::F16 => half::f16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32(),
+/// Converts the raw little-endian bytes of `src` (whole rows of `cols` elements of `from`)
+/// to `to`, appending to `out`: copied when the types agree, else widened exactly to f32
+/// (through `vals`) and stored by [`encode_rows`].
+fn convert_elems(
+    src: &[u8],
+    from: SrcDtype,
+    to: DType,
+    cols: usize,
+    vals: &mut Vec<f32>,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let widen: fn(&[u8]) -> f32 = match (from, to) {
+        (SrcDtype::F32, DType::F32) | (SrcDtype::Bf16, DType::Bf16) | (SrcDtype::F16, DType::F16) => {
+            out.extend_from_slice(src);
+            return Ok(());
         }
+        (SrcDtype::F32, _) => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        (SrcDtype::Bf16, _) => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        (SrcDtype::F16, _) => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
     };
-    let n = src.len() / if from == SrcDtype::F32 { 4 } else { 2 };
-    match (from, to) {
-        (SrcDtype::F32, DType::F32) | (SrcDtype::Bf16, DType::Bf16) => out.extend_from_slice(src),
-        (_, DType::F32) => (0..n).for_each(|i| out.extend_from_slice(&f32_at(i).to_le_bytes())),
-        (_, DType::Bf16) => {
-            (0..n).for_each(|i| out.extend_from_slice(&half::bf16::from_f32(f32_at(i)).to_le_bytes()))
-        }
-    }
+    vals.clear();
+    vals.extend(src.chunks_exact(from.size()).map(widen));
+    encode_rows(vals, cols, to, out)
 }
 
 /// What a conversion reads.
@@ -69,6 +74,7 @@ pub struct ConvertOptions {
 /// through a fixed-size conversion buffer.
 struct CheckpointSource<'a> {
     ckpt: &'a Checkpoint,
+    vals: Vec<f32>,
     buf: Vec<u8>,
 }
 
@@ -81,10 +87,11 @@ impl TensorSource for CheckpointSource<'_> {
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         let (info, bytes) = self.ckpt.get(name, shape)?;
-        let es = if info.dtype == SrcDtype::F32 { 4 } else { 2 };
-        for chunk in bytes.chunks(STREAM_ELEMS * es) {
+        let cols = shape.last().copied().unwrap_or(1);
+        for chunk in bytes.chunks(step_elems(cols, STREAM_ELEMS) * info.dtype.size()) {
             self.buf.clear();
-            convert_elems(chunk, info.dtype, to, &mut self.buf);
+            convert_elems(chunk, info.dtype, to, cols, &mut self.vals, &mut self.buf)
+                .with_context(|| format!("tensor `{name}`"))?;
             emit(&self.buf)?;
         }
         Ok(())
@@ -120,5 +127,6 @@ fn convert_hf(hf: &Path, opts: &ConvertOptions) -> Result<Manifest> {
         tokenizer_files: Vec::new(),
         label: "converting",
     };
-    write_vault(&spec, &mut CheckpointSource { ckpt: &ckpt, buf: Vec::with_capacity(STREAM_ELEMS * 4) })
+    let mut src = CheckpointSource { ckpt: &ckpt, vals: Vec::new(), buf: Vec::new() };
+    write_vault(&spec, &mut src)
 }

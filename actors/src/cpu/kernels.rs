@@ -7,7 +7,9 @@
 //! only ever splits output rows, never one reduction.
 
 use rayon::prelude::*;
+use smoe_proto::DType;
 
+use super::quant::QuantMatrix;
 use crate::tensor::{bf16_to_f32, WeightData, WeightView};
 
 const LANES: usize = 16;
@@ -157,34 +159,64 @@ fn dot_bf16_lanes(w: &[u16], x: &[f32]) -> f32 {
     s
 }
 
-/// `W[r] · x` for one row.
+/// The matrix behind a view of a block format (or f16), for the kernels of
+/// [`super::quant`].
+///
+/// # Panics
+/// If the view's bytes are not its rows (views made by `WeightView::from_bytes` are).
+#[inline]
+fn quant<'a>(w: &WeightView<'a>, dtype: DType, bytes: &'a [u8]) -> QuantMatrix<'a> {
+    QuantMatrix::new(dtype.ggml(), bytes, w.rows, w.cols)
+        .unwrap_or_else(|e| panic!("an inconsistent weight view: {e}"))
+}
+
+/// `W[r] · x` for one row. A block-format row is decoded in registers by
+/// [`QuantMatrix::row_dot`], bitwise [`dot_f32`] of the dequantised row.
 #[inline]
 pub fn row_dot(w: &WeightView<'_>, r: usize, x: &[f32]) -> f32 {
     let c = w.cols;
     match w.data {
         WeightData::F32(d) => dot_f32(&d[r * c..(r + 1) * c], x),
         WeightData::Bf16(d) => dot_bf16(&d[r * c..(r + 1) * c], x),
+        WeightData::Quant { dtype, bytes } => quant(w, dtype, bytes).row_dot(r, x),
     }
 }
 
-/// `W[r] · x` for four vectors at once, each bitwise equal to [`row_dot`].
+/// `W[r] · x` for four vectors at once, each bitwise equal to [`row_dot`] (a block-format
+/// row is decoded once for the four).
 #[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn row_dot4(w: &WeightView<'_>, r: usize, xs: [&[f32]; 4]) -> [f32; 4] {
-    let c = w.cols;
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 is present; every vector has `c` elements.
-        return unsafe {
-            match w.data {
-                WeightData::F32(d) => dot4_avx2(&d[r * c..(r + 1) * c], xs, |p, i| {
-                    let v = std::arch::x86_64::_mm256_loadu_ps(p.add(i));
-                    (v, std::arch::x86_64::_mm256_loadu_ps(p.add(i + 8)))
-                }),
-                WeightData::Bf16(d) => dot4_avx2(&d[r * c..(r + 1) * c], xs, |p, i| widen16_avx2(p.add(i))),
-            }
-        };
+    let row = r * w.cols..(r + 1) * w.cols;
+    match w.data {
+        WeightData::Quant { dtype, bytes } => quant(w, dtype, bytes).row_dots(r, xs),
+        // SAFETY (both arms): AVX2 is present; every vector has `cols` elements.
+        #[cfg(target_arch = "x86_64")]
+        WeightData::F32(d) if has_avx2() => unsafe {
+            dot4_avx2(&d[row], xs, |p, i| {
+                let v = std::arch::x86_64::_mm256_loadu_ps(p.add(i));
+                (v, std::arch::x86_64::_mm256_loadu_ps(p.add(i + 8)))
+            })
+        },
+        #[cfg(target_arch = "x86_64")]
+        WeightData::Bf16(d) if has_avx2() => unsafe { dot4_avx2(&d[row], xs, |p, i| widen16_avx2(p.add(i))) },
+        _ => xs.map(|x| row_dot(w, r, x)),
     }
-    xs.map(|x| row_dot(w, r, x))
+}
+
+/// Row `r` of `w` as f32 into `out` (`cols` values; embedding lookups): widened exactly,
+/// or dequantised bitwise as ggml does.
+///
+/// # Panics
+/// If `r` is not a row or `out` does not have `cols` elements (tokens are checked
+/// against the vocabulary before they are embedded).
+pub fn row_to_f32(w: &WeightView<'_>, r: usize, out: &mut [f32]) {
+    if let WeightData::Quant { dtype, bytes } = w.data {
+        quant(w, dtype, bytes).dequantize_row(r, out).unwrap_or_else(|e| panic!("embedding row {r}: {e}"));
+    } else {
+        let widened = w.widen_row(r, out);
+        debug_assert!(widened, "f32 and bf16 rows are widened");
+    }
 }
 
 /// Widens 16 bf16 values at `p` to two vectors of 8 f32 (exact).
@@ -393,6 +425,47 @@ mod tests {
                     let a: &[u32] = bytemuck::cast_slice(&single);
                     let b: &[u32] = bytemuck::cast_slice(&batched[t * rows..(t + 1) * rows]);
                     assert_eq!(a, b, "rows {rows} cols {cols} m {m} token {t}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quantised_batched_matmul_is_byte_identical_to_matvec_and_to_the_dequantised_matrix() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for dtype in DType::ALL.into_iter().filter(|d| !matches!(d, DType::F32 | DType::Bf16)) {
+            // Shapes on both sides of the parallel threshold, m around the 4-token groups.
+            for &(rows, cols, m) in &[(3, 256, 5), (33, 512, 7), (257, 256, 3), (129, 768, 13), (40, 1024, 1)]
+            {
+                let wf = rand_vec(&mut rng, rows * cols);
+                let mut bytes = Vec::new();
+                for row in wf.chunks(cols) {
+                    match dtype {
+                        DType::F16 => row
+                            .iter()
+                            .for_each(|v| bytes.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
+                        _ => super::super::quantize::quantize_row(dtype.ggml(), row, &mut bytes).unwrap(),
+                    }
+                }
+                let w = WeightView::from_bytes(dtype, &bytes, rows, cols);
+                let mut deq = vec![0.0; rows * cols];
+                for r in 0..rows {
+                    row_to_f32(&w, r, &mut deq[r * cols..(r + 1) * cols]);
+                }
+                let plain = WeightView { data: WeightData::F32(&deq), rows, cols };
+                let xs = rand_vec(&mut rng, m * cols);
+                let mut batched = vec![0.0; m * rows];
+                matmul(&w, &xs, m, &mut batched);
+                let mut reference = vec![0.0; m * rows];
+                matmul(&plain, &xs, m, &mut reference);
+                for t in 0..m {
+                    let mut single = vec![0.0; rows];
+                    matvec(&w, &xs[t * cols..(t + 1) * cols], &mut single);
+                    let a: &[u32] = bytemuck::cast_slice(&single);
+                    let b: &[u32] = bytemuck::cast_slice(&batched[t * rows..(t + 1) * rows]);
+                    let c: &[u32] = bytemuck::cast_slice(&reference[t * rows..(t + 1) * rows]);
+                    assert_eq!(a, b, "{dtype} rows {rows} cols {cols} m {m} token {t}: batched vs m=1");
+                    assert_eq!(a, c, "{dtype} rows {rows} cols {cols} m {m} token {t}: vs dequantised f32");
                 }
             }
         }

@@ -19,7 +19,7 @@ use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
 use crate::model::Model;
 use crate::tensor::WeightView;
 use crate::vault::TensorRef;
-use kernels::{dot_f32, matmul, matvec, rmsnorm, rmsnorm_inplace, silu, softmax_inplace};
+use kernels::{dot_f32, matmul, matvec, rmsnorm, rmsnorm_inplace, row_to_f32, silu, softmax_inplace};
 
 /// Planes in [`Plane`] order.
 const PLANES: [Plane; 7] = [Plane::X, Plane::Xn, Plane::Q, Plane::K, Plane::V, Plane::Attn, Plane::Hidden];
@@ -117,7 +117,7 @@ impl Backend for CpuBackend {
         let w = self.model.w(embed);
         let x = &mut self.s.planes[Plane::X as usize];
         for (t, &tok) in tokens.iter().enumerate() {
-            w.row_to_f32(tok as usize, &mut x[t * h..(t + 1) * h]);
+            row_to_f32(&w, tok as usize, &mut x[t * h..(t + 1) * h]);
         }
         Ok(())
     }
@@ -261,13 +261,13 @@ impl Backend for CpuBackend {
 
     fn experts(
         &mut self,
-        _layer: usize,
+        layer: usize,
         plan: &RouteJob,
         first: usize,
         blobs: &[ExpertHandle],
         _flush: Flush,
     ) -> Result<bool, ForwardError> {
-        let layout = *self.model.vault.expert_layout();
+        let layout = *self.model.vault.expert_layout(layer)?;
         let (h, k) = (self.model.cfg.hidden_size, plan.k());
         let s = &mut self.s;
         for (i, blob) in blobs.iter().enumerate() {
@@ -279,15 +279,7 @@ impl Backend for CpuBackend {
                 let t = p as usize / k;
                 s.xsub[j * h..(j + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
             }
-            let part = |p: &PartLayout| {
-                let off = p.offset as usize;
-                WeightView::from_bytes(
-                    layout.dtype,
-                    &blob[off..off + p.rows * p.cols * layout.dtype.size()],
-                    p.rows,
-                    p.cols,
-                )
-            };
+            let part = |p: &PartLayout| WeightView::from_bytes(p.dtype, p.slice(blob), p.rows, p.cols);
             let (gate, up, down) = (part(&layout.gate), part(&layout.up), part(&layout.down));
             let g = &mut s.planes[Plane::Hidden as usize];
             gated(&gate, &up, &s.xsub[..n * h], n, g, &mut s.u);

@@ -59,7 +59,8 @@ struct Shared {
     lookup: Vec<AtomicU32>,
     n_experts: usize,
     arena: Box<dyn SlotArena>,
-    blob_len: usize,
+    /// Payload bytes of one blob, per decoder layer (0 for layers without experts).
+    blob_len: Vec<usize>,
     clock: AtomicU64,
     alloc: Mutex<()>,
     done: Mutex<()>,
@@ -198,7 +199,7 @@ impl SlotOwner for Shared {
         unsafe {
             std::slice::from_raw_parts(
                 self.arena.base().add(slot as usize * self.arena.slot_bytes()),
-                self.blob_len,
+                self.arena.slot_bytes(),
             )
         }
     }
@@ -223,7 +224,7 @@ impl LoadSink for Shared {
         metrics::histogram!(READ_LATENCY_SECONDS).record(latency.as_secs_f64());
         match result {
             Ok(()) => {
-                let n = self.blob_len as u64;
+                let n = self.blob_len[req.key.layer as usize] as u64;
                 self.c.bytes_read.fetch_add(n, Ordering::Relaxed);
                 self.c.blob_reads.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(READ_BYTES).increment(n);
@@ -295,10 +296,13 @@ impl RingCache {
         opts: &RingOptions,
     ) -> Result<RingCache, RingError> {
         let cfg = &vault.manifest().model;
-        let layout = *vault.expert_layout();
         let total = vault.manifest().experts.layers.len() * cfg.num_experts;
         let n = opts.slots.clamp(1, total.max(1));
-        let bytes = layout.blob_stride as usize;
+        let bytes = vault.max_blob_stride() as usize;
+        let mut blob_len = vec![0; cfg.num_hidden_layers];
+        for l in &vault.manifest().experts.layers {
+            blob_len[l.layer] = l.layout.blob_len as usize;
+        }
         let arena =
             allocator.allocate(n, bytes).map_err(|source| RingError::Alloc { slots: n, bytes, source })?;
         let shared = Arc::new(Shared {
@@ -306,7 +310,7 @@ impl RingCache {
             lookup: (0..cfg.num_hidden_layers * cfg.num_experts).map(|_| AtomicU32::new(NO_SLOT)).collect(),
             n_experts: cfg.num_experts,
             arena,
-            blob_len: layout.blob_len as usize,
+            blob_len,
             clock: AtomicU64::new(0),
             alloc: Mutex::new(()),
             done: Mutex::new(()),
@@ -478,7 +482,9 @@ impl ExpertSource for RingCache {
         let slot = &sh.slots[idx as usize];
         slot.transition(READY, CONSUMED);
         let info = match slot.origin.swap(ORIGIN_RETAINED, Ordering::AcqRel) {
-            ORIGIN_DEMAND => ClaimInfo { hit: false, bytes: sh.blob_len as u64, bet_used: false },
+            ORIGIN_DEMAND => {
+                ClaimInfo { hit: false, bytes: sh.blob_len[key.layer as usize] as u64, bet_used: false }
+            }
             ORIGIN_BET => ClaimInfo { hit: true, bytes: 0, bet_used: true },
             _ => ClaimInfo { hit: true, bytes: 0, bet_used: false },
         };
@@ -494,7 +500,7 @@ impl ExpertSource for RingCache {
             metrics::counter!(SPEC_BETS_USED).increment(1);
         }
         let owner: Arc<dyn SlotOwner> = sh.clone();
-        Ok(ExpertHandle::new(owner, idx, key, sh.blob_len).with_info(info))
+        Ok(ExpertHandle::new(owner, idx, key, sh.blob_len[key.layer as usize]).with_info(info))
     }
 
     fn announce(&self, key: ExpertKey) -> bool {

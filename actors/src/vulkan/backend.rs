@@ -202,7 +202,10 @@ impl Backend for VulkanBackend {
             let mut io = self.io.write().map_err(verr("writing embeddings"))?;
             let w = self.model.w(embed);
             for (t, &tok) in tokens.iter().enumerate() {
-                w.row_to_f32(tok as usize, &mut io[t * h..(t + 1) * h]);
+                if !w.widen_row(tok as usize, &mut io[t * h..(t + 1) * h]) {
+                    let why = format!("the Vulkan backend cannot embed from {} rows yet", w.dtype());
+                    return Err(VulkanError::Unsupported(why).into());
+                }
             }
         }
         let x = self.a.at(Plane::X) as u64;

@@ -10,7 +10,7 @@ use vulkano::sync::{GpuFuture, Sharing};
 
 use super::context::VulkanContext;
 use super::VulkanError;
-use crate::tensor::{WeightData, WeightView};
+use crate::tensor::WeightView;
 
 /// Maps any displayable Vulkan failure to a [`VulkanError`] naming what was being done.
 pub fn verr<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> VulkanError {
@@ -160,10 +160,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 impl DeviceWeight {
     /// Uploads `w` to device-local memory.
     pub fn upload(ctx: &VulkanContext, w: &WeightView<'_>) -> Result<DeviceWeight, VulkanError> {
-        let (dtype, bytes): (DType, &[u8]) = match w.data {
-            WeightData::F32(d) => (DType::F32, bytemuck::cast_slice(d)),
-            WeightData::Bf16(d) => (DType::Bf16, bytemuck::cast_slice(d)),
-        };
+        let (dtype, bytes) = (w.dtype(), w.bytes());
         // Padded so that every bound range can be a whole number of 32-bit words.
         let buf = device_buffer::<u8>(
             ctx,
@@ -183,7 +180,9 @@ impl DeviceWeight {
         cols: usize,
         buf: Subbuffer<[u8]>,
     ) -> Result<DeviceWeight, VulkanError> {
-        let row_bytes = (cols * dtype.size()) as u64;
+        let row_bytes = dtype.row_bytes(cols).ok_or_else(|| {
+            VulkanError::Unsupported(format!("{cols} columns are not a whole number of {dtype} blocks"))
+        })? as u64;
         let props = ctx.device.physical_device().properties();
         let align = props.min_storage_buffer_offset_alignment.as_devicesize().max(4);
         let per =

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use smoe_proto::{ExpertHandle, PartLayout, RouteJob};
+use smoe_proto::{DType, ExpertHandle, ExpertLayout, PartLayout, RouteJob};
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{
     AutoCommandBufferBuilder, CommandBufferUsage, CopyBufferInfo, PrimaryAutoCommandBuffer,
@@ -77,6 +77,27 @@ pub struct ExpertState {
     order: Vec<(usize, u64, usize)>,
     /// Largest block of tokens (sizes the layer slots).
     max_rows: usize,
+    /// The layout every MoE layer's blobs share (none without MoE layers).
+    layout: Option<ExpertLayout>,
+}
+
+/// The layout every MoE layer's experts share, with the size of their element type: the
+/// expert kernels take one plain type (f32 or bf16 so far) for the three matrices of
+/// every layer. `None` for a model without MoE layers.
+fn uniform_layout(model: &Model) -> Result<Option<ExpertLayout>, VulkanError> {
+    let layers = &model.vault.manifest().experts.layers;
+    let Some(first) = layers.first().map(|l| l.layout) else { return Ok(None) };
+    for l in layers {
+        let [g, u, d] = l.layout.types();
+        if l.layout != first || g != u || g != d || g.is_block() || g == DType::F16 {
+            return Err(VulkanError::Unsupported(format!(
+                "layer {} stores its experts as {g}/{u}/{d}; the expert kernels take one type \
+                 (f32 or bf16) for every layer so far",
+                l.layer
+            )));
+        }
+    }
+    Ok(Some(first))
 }
 
 /// Two layer slots, each holding the largest union of a block of `m` tokens (none for a
@@ -91,7 +112,7 @@ fn layer_slots(
         return Ok(None);
     }
     let max_union = c.num_experts.min(m * c.num_experts_per_tok.max(1));
-    let n = (max_union as u64 * model.vault.expert_layout().blob_stride).max(4);
+    let n = (max_union as u64 * model.vault.max_blob_stride()).max(4);
     let slot = || device_buffer::<u8>(ctx, n, BufferUsage::STORAGE_BUFFER);
     Ok(Some([slot()?, slot()?]))
 }
@@ -108,12 +129,13 @@ impl ExpertState {
         let k = c.num_experts_per_tok.max(1);
         let route_len = 2 * m * k + 3 * c.num_experts.min(m * k);
         let route_buf = upload_buffer::<u32>(ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
-        let layout = *model.vault.expert_layout();
+        let layout = uniform_layout(model)?;
         let window = ctx.info.max_storage_buffer_range / 2 / 256 * 256;
-        if layout.blob_stride > window {
+        let stride = model.vault.max_blob_stride();
+        if stride > window {
             return Err(VulkanError::Unsupported(format!(
-                "an expert blob of {} bytes exceeds half the device's storage-buffer range ({} bytes)",
-                layout.blob_stride, ctx.info.max_storage_buffer_range
+                "an expert blob of {stride} bytes exceeds half the device's storage-buffer range ({} bytes)",
+                ctx.info.max_storage_buffer_range
             )));
         }
         let unified = ctx.info.unified_memory;
@@ -131,6 +153,7 @@ impl ExpertState {
             blobs: Vec::with_capacity(c.num_experts),
             order: Vec::with_capacity(c.num_experts),
             max_rows: m,
+            layout,
         })
     }
 
@@ -170,7 +193,14 @@ impl ExpertState {
 
     /// Bytes of a layer slot one staged batch's kernels bind.
     fn stage_window(&self, model: &Model) -> u64 {
-        self.stage_batch as u64 * model.vault.expert_layout().blob_stride
+        self.stage_batch as u64 * model.vault.max_blob_stride()
+    }
+
+    /// The layout of every MoE layer's blobs and the bytes of their element type.
+    fn expert_layout(&self) -> Result<(ExpertLayout, u64), VulkanError> {
+        let layout =
+            self.layout.ok_or_else(|| VulkanError::Unsupported("the model has no routed experts".into()))?;
+        Ok((layout, layout.gate.dtype.row_bytes(1).unwrap_or(1) as u64))
     }
 
     /// Writes the plan's pair lists (token-major indices t·k + r routed to each member,
@@ -183,8 +213,8 @@ impl ExpertState {
         self.segs.clear();
         self.segs.extend(job.segments());
         let staged = self.staged(m);
-        let layout = *model.vault.expert_layout();
-        let (gran, ds) = (self.stage_window(model), layout.dtype.size() as u64);
+        let (layout, ds) = self.expert_layout()?;
+        let gran = self.stage_window(model);
         let mut rb = self.route_buf.write().map_err(verr("writing routing"))?;
         rb[..m * k].copy_from_slice(job.pairs());
         for (i, &w) in job.topk_weights().iter().enumerate() {
@@ -214,7 +244,7 @@ impl VulkanBackend {
     ) -> Result<Option<Arc<PrimaryAutoCommandBuffer>>, VulkanError> {
         let model = self.model.clone();
         let c = &model.cfg;
-        let layout = *model.vault.expert_layout();
+        let (layout, ds) = self.ex.expert_layout()?;
         let staged = self.ex.staged(m);
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let mut blobs = std::mem::take(&mut self.ex.blobs);
@@ -261,7 +291,6 @@ impl VulkanBackend {
                 .map(|(i, b)| (Arc::as_ptr(b.buffer()) as usize, b.offset() / gran * gran, i)),
         );
         order.sort_unstable();
-        let ds = layout.dtype.size() as u64;
         if !staged {
             let mut rb = self.ex.route_buf.write().map_err(verr("writing the expert table"))?;
             for (pos, &(_, start, i)) in order.iter().enumerate() {
@@ -303,7 +332,7 @@ impl VulkanBackend {
                 ..Default::default()
             };
             let rec = self.rec()?;
-            rec.matmul(Projection::GateUp, layout.dtype, batched, gu, g)?;
+            rec.matmul(Projection::GateUp, layout.gate.dtype, batched, gu, g)?;
             let d = MatmulArgs {
                 rows: hu,
                 cols: inter,
@@ -315,7 +344,7 @@ impl VulkanBackend {
                 flags: FLAG_SCATTER | FLAG_TABLE,
                 ..g
             };
-            rec.matmul(Projection::Down, layout.dtype, batched, down, d)?;
+            rec.matmul(Projection::Down, layout.down.dtype, batched, down, d)?;
             i = j;
         }
         // The recorder holds what it binds; the lists keep only their capacity.
@@ -345,7 +374,7 @@ impl VulkanBackend {
         let whole = Subbuffer::from(blob.buffer().clone());
         let end = (start + len).min(whole.len()) / 4 * 4;
         let win = whole.slice(start..end);
-        let t = typed(&self.kernels, self.model.vault.expert_layout().dtype);
+        let t = typed(&self.kernels, self.ex.expert_layout()?.0.gate.dtype)?;
         let down = set0(&self.ctx, &t.down, std::slice::from_ref(&win))?;
         let gu = set0(&self.ctx, &t.gate_up, &[win.clone(), win])?;
         self.ex.window_sets.insert(key, (down.clone(), gu.clone()));
@@ -358,7 +387,7 @@ impl VulkanBackend {
         if let Some(b) = self.ex.arenas.locate(bytes) {
             return Ok(b);
         }
-        let stride = self.model.vault.expert_layout().blob_stride;
+        let stride = self.model.vault.max_blob_stride();
         let need = stride * self.model.cfg.num_experts.max(1) as u64;
         if self.ex.fallback.as_ref().is_none_or(|f| f.len() < need) {
             self.ex.fallback = Some(host_buffer::<u8>(&self.ctx, need, BufferUsage::STORAGE_BUFFER)?);

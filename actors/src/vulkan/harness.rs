@@ -108,10 +108,7 @@ impl KernelHarness {
     /// Uploads `w`: to device-local memory, or (`host_visible`) to host-visible memory
     /// as ring slots are, to measure kernels reading in place.
     pub fn weight(&self, w: &WeightView<'_>, host_visible: bool) -> Result<TestWeight, VulkanError> {
-        let (dtype, bytes): (DType, &[u8]) = match w.data {
-            crate::tensor::WeightData::F32(d) => (DType::F32, bytemuck::cast_slice(d)),
-            crate::tensor::WeightData::Bf16(d) => (DType::Bf16, bytemuck::cast_slice(d)),
-        };
+        let (dtype, bytes) = (w.dtype(), w.bytes());
         let buf = if host_visible {
             let padded = (bytes.len() as u64 + 4).next_multiple_of(16);
             let b = host_buffer::<u8>(&self.ctx, padded, BufferUsage::STORAGE_BUFFER)?;
@@ -124,13 +121,13 @@ impl KernelHarness {
             }
             d.ranges[0].bytes.clone()
         };
-        let set = set0(&self.ctx, &typed(&self.kernels, dtype).matvec, std::slice::from_ref(&buf))?;
+        let set = set0(&self.ctx, &typed(&self.kernels, dtype)?.matvec, std::slice::from_ref(&buf))?;
         Ok(TestWeight { dtype, rows: w.rows, cols: w.cols, bytes: buf, set })
     }
 
     /// The set binding `gate` and `up` for the gate/up kernels.
     pub fn pair(&self, gate: &TestWeight, up: &TestWeight) -> Result<Arc<DescriptorSet>, VulkanError> {
-        set0(&self.ctx, &typed(&self.kernels, gate.dtype).gate_up, &[gate.bytes.clone(), up.bytes.clone()])
+        set0(&self.ctx, &typed(&self.kernels, gate.dtype)?.gate_up, &[gate.bytes.clone(), up.bytes.clone()])
     }
 
     /// Writes `data` into the activation arena at `off`.

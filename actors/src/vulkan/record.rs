@@ -133,11 +133,14 @@ pub fn set0(
     .map_err(verr("creating a descriptor set"))
 }
 
-/// The kernels for weights of `dtype`.
-pub fn typed(k: &Kernels, dtype: DType) -> &TypedKernels {
+/// The kernels for weights of `dtype` (f32 and bf16 so far).
+pub fn typed(k: &Kernels, dtype: DType) -> Result<&TypedKernels, VulkanError> {
     match dtype {
-        DType::F32 => &k.f32,
-        DType::Bf16 => &k.bf16,
+        DType::F32 => Ok(&k.f32),
+        DType::Bf16 => Ok(&k.bf16),
+        _ => Err(VulkanError::Unsupported(format!(
+            "the Vulkan backend has no kernels for {dtype} weights yet; use --backend cpu"
+        ))),
     }
 }
 
@@ -190,7 +193,7 @@ impl Recorder {
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        let k = p.kernel(typed(&self.kernels, dtype), batched).clone();
+        let k = p.kernel(typed(&self.kernels, dtype)?, batched).clone();
         self.dispatch(&k, Some(set), a.words(), a.groups(&k))
     }
 

@@ -53,7 +53,7 @@ fn raw_sequential(vault: &Vault, limit: u64) -> f64 {
 
 /// Random blob reads with O_DIRECT pread at queue depth 1.
 fn raw_random(vault: &Vault, keys: &[ExpertKey]) -> f64 {
-    let stride = vault.expert_layout().blob_stride as usize;
+    let stride = vault.max_blob_stride() as usize;
     let arena = HostAllocator.allocate(1, stride).expect("buffer");
     // SAFETY: one slot, exclusively ours.
     let buf = unsafe { std::slice::from_raw_parts_mut(arena.base(), stride) };
@@ -102,7 +102,7 @@ fn main() {
         .collect();
     let per_run: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(256).min(all.len());
     let slots: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(64);
-    let blob = vault.expert_layout().blob_len;
+    let blob = m.experts.layers.iter().map(|l| l.layout.blob_len).max().unwrap_or(0);
     println!(
         "vault {path}: {} expert blobs of {:.2} MB; {per_run} blobs per run ({:.2} GB), ring {slots} slots",
         all.len(),
