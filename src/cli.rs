@@ -112,9 +112,10 @@ pub struct DevicesArgs {
 
 /// Arguments of `convert`.
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["hf", "gguf"])))]
 pub struct ConvertArgs {
     /// HuggingFace model directory (config.json, *.safetensors, tokenizer files).
-    #[arg(long, required_unless_present = "gguf", conflicts_with = "gguf")]
+    #[arg(long)]
     pub hf: Option<PathBuf>,
     /// GGUF model file (llama.cpp's format); for a split model its first part
     /// (`*-00001-of-0000N.gguf`). Tensors keep their formats, the tokenizer and chat
