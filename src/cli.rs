@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::quant::Quant;
+
 /// smoe-pipeline: run mixture-of-experts models larger than memory by streaming
 /// routed experts from NVMe.
 #[derive(Parser, Debug)]
@@ -51,7 +53,7 @@ pub struct SynthArgs {
     /// Vault directory to write.
     #[arg(long)]
     pub out: PathBuf,
-    /// Model shape: tiny, qwen3-30b-a3b or qwen3-235b-a22b.
+    /// Model shape: tiny, small, qwen3-30b-a3b or qwen3-235b-a22b.
     #[arg(long)]
     pub preset: String,
     /// Keep only the first N layers (so the vault fits the disk at hand).
@@ -60,9 +62,13 @@ pub struct SynthArgs {
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Weight element type.
+    /// Element type of resident weight matrices (and of the experts without --quant).
     #[arg(long, value_parser = ["f32", "bf16"], default_value = "bf16")]
     pub dtype: String,
+    /// Quantise the routed experts: q8_0, q4_0, q4_k_m, q5_k_m or q6_k (as llama.cpp's
+    /// mixes of those names; resident tensors keep --dtype).
+    #[arg(long, value_enum)]
+    pub quant: Option<Quant>,
     /// Copy tokenizer files from this directory.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -125,10 +131,15 @@ pub struct ConvertArgs {
     /// Vault directory to write.
     #[arg(long)]
     pub out: PathBuf,
-    /// Weight element type of a HuggingFace checkpoint: f32 or bf16 (default: bf16 for
-    /// bf16 checkpoints, else f32).
+    /// Element type of a HuggingFace checkpoint's resident weight matrices, and of the
+    /// experts without --quant: f32 or bf16 (default: bf16 for bf16 checkpoints, else f32).
     #[arg(long, value_parser = ["f32", "bf16"], conflicts_with = "gguf")]
     pub dtype: Option<String>,
+    /// Quantise the routed experts while converting: q8_0, q4_0, q4_k_m, q5_k_m or q6_k
+    /// (as llama.cpp's mixes of those names; resident tensors keep --dtype). Not with
+    /// --gguf, whose tensors keep their formats.
+    #[arg(long, value_enum, conflicts_with = "gguf")]
+    pub quant: Option<Quant>,
     /// Overwrite an existing vault at --out.
     #[arg(long)]
     pub force: bool,

@@ -113,6 +113,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         write_trace(path, &fwd.take_trace())?;
     }
     let ring = engine.ring.stats();
+    let manifest = engine.vault.manifest();
     let all: Vec<usize> = stats.prefill_unions.iter().flatten().copied().collect();
     let union_mean = if all.is_empty() { 0.0 } else { all.iter().sum::<usize>() as f64 / all.len() as f64 };
     let union_max = all.iter().copied().max().unwrap_or(0);
@@ -156,6 +157,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "ring_slots": engine.ring.n_slots(),
                 "slot_states": slot_states,
                 "io": engine.ring.io_mode().name(),
+                "bytes_per_expert": manifest.experts.mean_blob_len(),
+                "ring_slot_bytes": engine.vault.max_blob_stride(),
+                "format_mix": manifest.format_mix(),
             }
         });
         writeln!(out, "{v}")?;

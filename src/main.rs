@@ -6,6 +6,7 @@ mod convert;
 mod devices;
 mod generate;
 mod gguf_info;
+mod quant;
 mod serve;
 mod synth;
 mod tokenizer;
@@ -26,7 +27,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (None, Some(file)) => convert::Source::Gguf(file),
                 (None, None) => anyhow::bail!("pass --hf DIR or --gguf FILE"),
             };
-            let opts = convert::ConvertOptions { source, out: a.out, dtype, force: a.force };
+            let opts = convert::ConvertOptions { source, out: a.out, dtype, quant: a.quant, force: a.force };
             let m = convert::convert(&opts)?;
             eprintln!(
                 "wrote vault {} ({} layers, {} MoE layers × {} experts; {})",
@@ -48,16 +49,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 layers: a.layers,
                 seed: a.seed,
                 dtype: smoe_proto::DType::from_name(&a.dtype).unwrap_or(smoe_proto::DType::Bf16),
+                quant: a.quant,
                 tokenizer: a.tokenizer,
                 force: a.force,
             };
             let m = synth::synth(&opts)?;
             eprintln!(
-                "wrote synthetic vault {} ({} layers, {} experts of {} bytes each; {})",
+                "wrote synthetic vault {} ({} layers, {} experts, {} per read; {})",
                 opts.out.display(),
                 m.model.num_hidden_layers,
                 m.experts.layers.len() * m.model.num_experts,
-                m.experts.layers.iter().map(|l| l.layout.blob_len).max().unwrap_or(0),
+                smoe_proto::human_bytes(m.experts.mean_blob_len()),
                 m.format_summary()
             );
             Ok(())

@@ -10,10 +10,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smoe_proto::{DType, Manifest, ModelConfig};
 
+use crate::quant::Quant;
 use crate::vault_writer::{encode_rows, step_elems, write_vault, TensorSource, VaultSpec};
 
 /// Names of the built-in presets.
-pub const PRESETS: &[&str] = &["tiny", "qwen3-30b-a3b", "qwen3-235b-a22b"];
+pub const PRESETS: &[&str] = &["tiny", "small", "qwen3-30b-a3b", "qwen3-235b-a22b"];
 
 /// The model configuration of a preset (full depth).
 pub fn preset(name: &str) -> Result<ModelConfig> {
@@ -60,6 +61,15 @@ pub fn preset(name: &str) -> Result<ModelConfig> {
             tie_word_embeddings: false,
             eos_token_ids: vec![],
         },
+        // The smallest shape whose expert rows are whole K-quant blocks (256 elements), so
+        // `--quant q4_k_m` and friends store Q4_K/Q5_K/Q6_K rather than their fallbacks.
+        "small" => ModelConfig {
+            hidden_size: 256,
+            intermediate_size: 512,
+            moe_intermediate_size: 256,
+            head_dim: 64,
+            ..preset("tiny")?
+        },
         "qwen3-30b-a3b" => qwen3(2048, 48, 32, 768, 6144),
         "qwen3-235b-a22b" => qwen3(4096, 94, 64, 1536, 12288),
         _ => bail!("unknown preset {name:?}; choose one of {PRESETS:?}"),
@@ -76,8 +86,10 @@ pub struct SynthOptions {
     pub layers: Option<usize>,
     /// Random seed.
     pub seed: u64,
-    /// Element type of weight matrices.
+    /// Element type of resident weight matrices (and of the experts without `quant`).
     pub dtype: DType,
+    /// How the expert matrices are quantised.
+    pub quant: Option<Quant>,
     /// Directory to copy tokenizer files from.
     pub tokenizer: Option<PathBuf>,
     /// Overwrite an existing vault.
@@ -153,6 +165,7 @@ pub fn synth(opts: &SynthOptions) -> Result<Manifest> {
         out: &opts.out,
         cfg: &cfg,
         dtype: opts.dtype,
+        quant: opts.quant,
         force: opts.force,
         tokenizer_dir: opts.tokenizer.as_deref(),
         tokenizer_files: Vec::new(),

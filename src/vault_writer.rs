@@ -16,6 +16,8 @@ use smoe_proto::{
     ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
 };
 
+use crate::quant::Quant;
+
 /// Name of the resident tensor file inside a vault.
 pub const RESIDENT_FILE: &str = "resident.bin";
 
@@ -184,8 +186,11 @@ pub struct VaultSpec<'a> {
     pub out: &'a Path,
     /// The model.
     pub cfg: &'a ModelConfig,
-    /// Element type of weight matrices.
+    /// Element type of resident weight matrices (norms are always f32), and of the
+    /// expert matrices unless `quant` says otherwise.
     pub dtype: DType,
+    /// How the expert matrices are quantised (`None`: stored as `dtype`).
+    pub quant: Option<Quant>,
     /// Overwrite an existing vault.
     pub force: bool,
     /// Directory to copy tokenizer files from.
@@ -204,8 +209,16 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         .moe_layers()
         .into_iter()
         .map(|l| {
-            let types = [("gate_proj", [i, h]), ("up_proj", [i, h]), ("down_proj", [h, i])]
-                .map(|(part, shape)| src.dtype(&format!("model.layers.{l}.mlp.experts.0.{part}.weight"), &shape, dtype));
+            let types = spec.quant.map_or_else(
+                || {
+                    [("gate_proj", [i, h]), ("up_proj", [i, h]), ("down_proj", [h, i])].map(
+                        |(part, shape)| {
+                            src.dtype(&format!("model.layers.{l}.mlp.experts.0.{part}.weight"), &shape, dtype)
+                        },
+                    )
+                },
+                |q| q.expert_types(l, cfg.num_hidden_layers, h, i),
+            );
             ExpertLayout::new(types, h, i).with_context(|| {
                 format!(
                     "layer {l}: experts of {i}×{h} cannot be stored as {}",

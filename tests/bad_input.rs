@@ -145,8 +145,21 @@ fn truncated_blob_file() {
 #[test]
 fn flipped_byte_in_blob_names_layer_expert_and_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let vault = convert("moe_all", dir.path(), &[]);
-    let m = manifest(&vault);
+    flipped_byte_in_blob_is_caught(&convert("moe_all", dir.path(), &[]));
+}
+
+#[test]
+fn flipped_byte_in_a_quantised_blob_is_caught_by_its_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &["--quant", "q4_0"]);
+    assert_eq!(manifest(&vault)["experts"]["layers"][0]["layout"]["down"]["dtype"], "q4_0");
+    flipped_byte_in_blob_is_caught(&vault);
+}
+
+/// Corrupts one byte of every blob of the first MoE layer of `vault`; the first read
+/// must fail with the layer, expert, file and offset named.
+fn flipped_byte_in_blob_is_caught(vault: &Path) {
+    let m = manifest(vault);
     let layer0 = &m["experts"]["layers"][0];
     let file = vault.join(layer0["file"].as_str().unwrap());
     let mut bytes = std::fs::read(&file).unwrap();
@@ -157,7 +170,7 @@ fn flipped_byte_in_blob_names_layer_expert_and_offset() {
         bytes[o as usize + 1234] ^= 0x40;
     }
     std::fs::write(&file, bytes).unwrap();
-    let err = generate_err(&vault, "5,6,7");
+    let err = generate_err(vault, "5,6,7");
     assert!(err.contains("checksum mismatch for layer 0 expert"), "{err}");
     let expert: usize =
         err.split("layer 0 expert ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();

@@ -284,17 +284,25 @@ fn split_model_converts_from_its_first_part() {
     run_ok(&["convert", "--gguf", first.to_str().unwrap(), "--out", split.to_str().unwrap()]);
     let m = manifest(&whole);
     let mut files: Vec<String> = vec!["manifest.json".into(), "resident.bin".into()];
-    files.extend(m["experts"]["layers"].as_array().unwrap().iter().map(|l| l["file"].as_str().unwrap().into()));
+    files.extend(
+        m["experts"]["layers"].as_array().unwrap().iter().map(|l| l["file"].as_str().unwrap().into()),
+    );
     files.extend(m["tokenizer_files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().into()));
     for f in &files {
-        assert!(std::fs::read(whole.join(f)).unwrap() == std::fs::read(split.join(f)).unwrap(), "{f} differs");
+        assert!(
+            std::fs::read(whole.join(f)).unwrap() == std::fs::read(split.join(f)).unwrap(),
+            "{f} differs"
+        );
     }
     check_golden("gguf_q4_0", &split, dir.path());
 
     let second = fixture("gguf_q4_0").join("model-00002-of-00003.gguf");
     let out = dir.path().join("x.vault");
     let err = run_err(&["convert", "--gguf", second.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    assert!(err.contains("part 2 of a 3-part split model") && err.contains("model-00001-of-00003.gguf"), "{err}");
+    assert!(
+        err.contains("part 2 of a 3-part split model") && err.contains("model-00001-of-00003.gguf"),
+        "{err}"
+    );
     let partial = dir.path().join("partial");
     std::fs::create_dir(&partial).unwrap();
     for k in [1, 2] {
@@ -323,6 +331,14 @@ fn verify_passes_and_checksums_catch_a_flipped_byte_on_a_quantised_vault() {
         bytes[blob["offset"].as_u64().unwrap() as usize + 5000] ^= 0x10;
     }
     std::fs::write(&path, bytes).unwrap();
-    let err = run_err(&["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-tokens", "2"]);
+    let err = run_err(&[
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+    ]);
     assert!(err.contains("checksum mismatch for layer 1") && err.contains("layer_001.bin"), "{err}");
 }

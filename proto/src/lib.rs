@@ -23,6 +23,6 @@ pub use model_config::ModelConfig;
 pub use route::{GateInput, RouteJob};
 pub use stats::RingSnapshot;
 pub use vault_format::{
-    align_up, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, FormatShare, LayerBlobs, Manifest,
-    PartLayout, ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
+    align_up, human_bytes, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, FormatShare,
+    LayerBlobs, Manifest, PartLayout, ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
 };

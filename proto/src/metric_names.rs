@@ -57,6 +57,19 @@ pub const DECODE_TOKENS: &str = "smoe_decode_tokens_total";
 /// Counter: prompt tokens served from a stored session instead of being prefilled.
 pub const CACHED_PROMPT_TOKENS: &str = "smoe_cached_prompt_tokens_total";
 
+// The vault (set once when the daemon opens it).
+
+/// Gauge: tensors the vault stores; labels [`LABEL_DTYPE`] (the element type, e.g.
+/// `bf16`, `q4_k`) and [`LABEL_KIND`] (`resident` tensors or `experts` matrices, three
+/// per expert).
+pub const VAULT_TENSORS: &str = "smoe_vault_tensors";
+/// Gauge: bytes the vault stores; labels as [`VAULT_TENSORS`].
+pub const VAULT_BYTES: &str = "smoe_vault_bytes";
+/// Gauge: payload bytes of one expert blob (one read), averaged over the MoE layers.
+pub const EXPERT_BYTES: &str = "smoe_expert_bytes";
+/// Gauge: bytes of one ring slot (the largest blob stride of the vault).
+pub const RING_SLOT_BYTES: &str = "smoe_ring_slot_bytes";
+
 // HTTP daemon.
 
 /// Counter: API requests; labels [`LABEL_ENDPOINT`] and [`LABEL_STATUS`].
@@ -68,6 +81,12 @@ pub const REQUESTS: &str = "smoe_requests_total";
 pub const LABEL_STATE: &str = "state";
 /// Label of [`IO_QUEUE_DEPTH`]: the queue.
 pub const LABEL_QUEUE: &str = "queue";
+/// Label of [`VAULT_TENSORS`] and [`VAULT_BYTES`]: the element type.
+pub const LABEL_DTYPE: &str = "dtype";
+/// Label of [`VAULT_TENSORS`] and [`VAULT_BYTES`]: one of [`VAULT_KINDS`].
+pub const LABEL_KIND: &str = "kind";
+/// Values of [`LABEL_KIND`]: resident tensors, expert matrices.
+pub const VAULT_KINDS: [&str; 2] = ["resident", "experts"];
 /// Label of [`REQUESTS`]: the route (`/v1/...`, or `unmatched`).
 pub const LABEL_ENDPOINT: &str = "endpoint";
 /// Label of [`REQUESTS`]: the HTTP status code.

@@ -240,6 +240,13 @@ impl ExpertIndex {
     pub fn max_blob_stride(&self) -> u64 {
         self.layers.iter().map(|l| l.layout.blob_stride).max().unwrap_or(0)
     }
+
+    /// Payload bytes of one expert blob, averaged over the MoE layers (what a read of
+    /// one expert costs), 0 without MoE layers.
+    pub fn mean_blob_len(&self) -> u64 {
+        let total: u64 = self.layers.iter().map(|l| l.layout.blob_len).sum();
+        total.checked_div(self.layers.len() as u64).unwrap_or(0)
+    }
 }
 
 /// The blobs of one MoE layer, stored in one file.
@@ -356,7 +363,7 @@ impl Manifest {
                 .iter()
                 .map(|(d, s)| (d, f(s)))
                 .filter(|(_, (n, _))| *n > 0)
-                .map(|(d, (n, b))| format!("{d} ×{n} ({:.1} MiB)", b as f64 / (1u64 << 20) as f64))
+                .map(|(d, (n, b))| format!("{d} ×{n} ({})", human_bytes(b)))
                 .collect();
             if items.is_empty() {
                 "none".to_string()
@@ -378,6 +385,22 @@ impl Manifest {
         upgrade_shared_layout(&mut v);
         serde_json::from_value(v)
     }
+}
+
+/// `bytes` with a binary unit: `812 B`, `4.0 KiB`, `1.5 MiB`, `2.3 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let (mut v, mut unit) = (bytes as f64 / 1024.0, UNITS[0]);
+    for u in &UNITS[1..] {
+        if v < 1024.0 {
+            break;
+        }
+        (v, unit) = (v / 1024.0, u);
+    }
+    format!("{v:.1} {unit}")
 }
 
 /// Rewrites the early manifest shape (one `experts.layout` with a `dtype` for all three
@@ -423,6 +446,14 @@ mod tests {
         assert_eq!(DType::Bf16.matrix_bytes(3, 5), Some(30));
         assert_eq!(tensor_bytes(DType::Q8_0, &[2, 3, 64]), Some(6 * 68));
         assert_eq!(tensor_bytes(DType::F32, &[7]), Some(28));
+    }
+
+    #[test]
+    fn byte_counts_read_with_binary_units() {
+        assert_eq!(human_bytes(812), "812 B");
+        assert_eq!(human_bytes(4096), "4.0 KiB");
+        assert_eq!(human_bytes(3 << 19), "1.5 MiB");
+        assert_eq!(human_bytes(5 << 40), "5.0 TiB");
     }
 
     #[test]

@@ -226,6 +226,7 @@ pub fn convert(path: &Path, out: &Path, force: bool) -> Result<Manifest> {
         cfg: &cfg,
         // Not used: the source keeps every tensor's own type.
         dtype: DType::F32,
+        quant: None,
         force,
         tokenizer_dir: None,
         tokenizer_files,
@@ -448,7 +449,11 @@ mod tests {
                 for ((part, p), (_, gname)) in layer.layout.parts().into_iter().zip(EXPERT_TENSORS) {
                     let stacked = g.tensor_data(&format!("blk.{}.{gname}.weight", layer.layer)).unwrap();
                     let per = stacked.len() / m.model.num_experts;
-                    assert!(p.slice(b) == &stacked[e * per..(e + 1) * per], "layer {} expert {e} {part}", layer.layer);
+                    assert!(
+                        p.slice(b) == &stacked[e * per..(e + 1) * per],
+                        "layer {} expert {e} {part}",
+                        layer.layer
+                    );
                 }
             }
         }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use smoe_proto::{DType, Manifest};
 
+use crate::quant::Quant;
 use crate::vault_writer::{encode_rows, step_elems, write_vault, TensorSource, VaultSpec};
 
 use checkpoint::{Checkpoint, SrcDtype};
@@ -66,6 +67,8 @@ pub struct ConvertOptions {
     /// checkpoints bf16 and converts everything else to f32 (both exact). A GGUF's
     /// tensors keep their formats.
     pub dtype: Option<DType>,
+    /// How the expert matrices are quantised (`None`: stored as `dtype`).
+    pub quant: Option<Quant>,
     /// Overwrite an existing vault.
     pub force: bool,
 }
@@ -122,6 +125,7 @@ fn convert_hf(hf: &Path, opts: &ConvertOptions) -> Result<Manifest> {
         out: &opts.out,
         cfg: &cfg,
         dtype,
+        quant: opts.quant,
         force: opts.force,
         tokenizer_dir: Some(hf),
         tokenizer_files: Vec::new(),

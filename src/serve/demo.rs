@@ -84,6 +84,7 @@ fn build(cfg: &ModelConfig, staging: &Path, vault: &Path) -> Result<()> {
         out: &out,
         cfg,
         dtype: DTYPE,
+        quant: None,
         force: true,
         tokenizer_dir: Some(&tok_dir),
         tokenizer_files: Vec::new(),

@@ -15,6 +15,7 @@ use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use smoe_proto::metric_names::*;
 use smoe_proto::stats::{IO_QUEUES, SLOT_STATES};
+use smoe_proto::Manifest;
 
 use super::state::AppState;
 
@@ -94,6 +95,37 @@ pub fn install() -> Result<PrometheusHandle> {
         metrics::counter!(REQUESTS, LABEL_ENDPOINT => endpoint, LABEL_STATUS => "200").increment(0);
     }
     Ok(handle)
+}
+
+/// Publishes what the served vault stores: tensors and bytes per element type (resident
+/// tensors and expert matrices), the bytes of one expert read and of one ring slot.
+pub fn publish_vault(manifest: &Manifest, slot_bytes: u64) {
+    metrics::describe_gauge!(
+        VAULT_TENSORS,
+        "Tensors the vault stores, by element type and kind (resident, experts)"
+    );
+    metrics::describe_gauge!(VAULT_BYTES, Unit::Bytes, "Bytes the vault stores, by element type and kind");
+    for (dtype, share) in manifest.format_mix() {
+        let counts =
+            [(share.resident_tensors, share.resident_bytes), (share.expert_matrices, share.expert_bytes)];
+        for (kind, (n, bytes)) in VAULT_KINDS.into_iter().zip(counts).filter(|(_, (n, _))| *n > 0) {
+            let labels = [(LABEL_DTYPE, dtype.name()), (LABEL_KIND, kind)];
+            metrics::gauge!(VAULT_TENSORS, &labels).set(n as f64);
+            metrics::gauge!(VAULT_BYTES, &labels).set(bytes as f64);
+        }
+    }
+    metrics::describe_gauge!(
+        EXPERT_BYTES,
+        Unit::Bytes,
+        "Payload bytes of one expert blob (one read), averaged over layers"
+    );
+    metrics::gauge!(EXPERT_BYTES).set(manifest.experts.mean_blob_len() as f64);
+    metrics::describe_gauge!(
+        RING_SLOT_BYTES,
+        Unit::Bytes,
+        "Bytes of one ring slot (the largest blob stride)"
+    );
+    metrics::gauge!(RING_SLOT_BYTES).set(slot_bytes as f64);
 }
 
 /// `GET /metrics`: renders every metric.

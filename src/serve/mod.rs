@@ -22,6 +22,7 @@ use anyhow::{Context, Result};
 use kameo::actor::Spawn;
 use smoe_actors::executor::Executor;
 use smoe_actors::scheduler::{CancelAll, Drain, Scheduler, SchedulerOptions};
+use smoe_proto::human_bytes;
 use tokio::sync::watch;
 
 use crate::cli::ServeArgs;
@@ -85,25 +86,31 @@ async fn serve(config: Config) -> Result<()> {
             engine.model.max_context
         );
     }
+    let manifest = engine.vault.manifest();
+    let slot_bytes = engine.vault.max_blob_stride();
+    metrics::publish_vault(manifest, slot_bytes);
     let tok = tokenizer::load(&vault).context("serve needs the vault's tokenizer")?;
     let template = chat_template::ChatTemplate::load(&vault)?;
     let cfg = &engine.model.cfg;
     tracing::info!(
-        "vault {}: {} layers, {} experts ({} per token), vocabulary {}, backend {} (device {}), ring {} slots, \
-         io {}, max_context {}, chunk_size {}, spec_depth {}; chat template: {}",
+        "vault {}: {} layers, {} experts ({} per token, {} per read), vocabulary {}, backend {} (device {}), \
+         ring {} slots of {}, io {}, max_context {}, chunk_size {}, spec_depth {}; chat template: {}; weights: {}",
         vault.display(),
         cfg.num_hidden_layers,
         cfg.num_experts,
         cfg.num_experts_per_tok,
+        human_bytes(manifest.experts.mean_blob_len()),
         cfg.vocab_size,
         config.backend,
         config.device,
         engine.ring.n_slots(),
+        human_bytes(slot_bytes),
         engine.ring.io_mode().name(),
         engine.model.max_context,
         config.chunk_size,
         config.spec_depth,
-        template.origin
+        template.origin,
+        manifest.format_summary()
     );
     let kv_bytes =
         engine.model.max_context * cfg.kv_dim() * cfg.num_hidden_layers * 2 * std::mem::size_of::<f32>();
