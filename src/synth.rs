@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use smoe_actors::cpu::quantize::encode_rows;
 use smoe_proto::{DType, Manifest, ModelConfig};
 
 use crate::quant::Quant;
-use crate::vault_writer::{encode_rows, step_elems, write_vault, TensorSource, VaultSpec};
+use crate::vault_writer::{step_elems, write_vault, TensorSource, VaultSpec};
 
 /// Names of the built-in presets.
 pub const PRESETS: &[&str] = &["tiny", "small", "qwen3-30b-a3b", "qwen3-235b-a22b"];

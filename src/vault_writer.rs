@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use smoe_actors::cpu::quantize::quantize_row;
 use smoe_proto::{
     align_up, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig,
     ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
@@ -44,7 +43,7 @@ pub trait TensorSource {
 
     /// Streams tensor `name` (which must have `shape`) converted to `to`, handing the
     /// bytes to `emit` in chunks of bounded size, each a whole number of rows (see
-    /// [`step_elems`] and [`encode_rows`]).
+    /// [`step_elems`] and `cpu::quantize::encode_rows`).
     fn stream(
         &mut self,
         name: &str,
@@ -52,25 +51,6 @@ pub trait TensorSource {
         to: DType,
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()>;
-}
-
-/// Appends `vals` — whole rows of `cols` values — stored as `to`: f32 as is, bf16 and
-/// f16 rounded to nearest even, a block format quantised row by row as llama.cpp and
-/// gguf-py do ([`quantize_row`]).
-pub fn encode_rows(vals: &[f32], cols: usize, to: DType, out: &mut Vec<u8>) -> Result<()> {
-    match to {
-        DType::F32 => vals.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        DType::Bf16 => {
-            vals.iter().for_each(|v| out.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes()))
-        }
-        DType::F16 => vals.iter().for_each(|v| out.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
-        _ => {
-            for row in vals.chunks(cols.max(1)) {
-                quantize_row(to.ggml(), row, out)?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Elements to hand over per step when streaming rows of `cols` elements: whole rows

@@ -12,10 +12,11 @@ pub mod hf_config;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use smoe_actors::cpu::quantize::encode_rows;
 use smoe_proto::{DType, Manifest};
 
 use crate::quant::Quant;
-use crate::vault_writer::{encode_rows, step_elems, write_vault, TensorSource, VaultSpec};
+use crate::vault_writer::{step_elems, write_vault, TensorSource, VaultSpec};
 
 use checkpoint::{Checkpoint, SrcDtype};
 
@@ -46,7 +47,7 @@ fn convert_elems(
     };
     vals.clear();
     vals.extend(src.chunks_exact(from.size()).map(widen));
-    encode_rows(vals, cols, to, out)
+    Ok(encode_rows(vals, cols, to, out)?)
 }
 
 /// What a conversion reads.

@@ -439,14 +439,7 @@ mod tests {
             {
                 let wf = rand_vec(&mut rng, rows * cols);
                 let mut bytes = Vec::new();
-                for row in wf.chunks(cols) {
-                    match dtype {
-                        DType::F16 => row
-                            .iter()
-                            .for_each(|v| bytes.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
-                        _ => super::super::quantize::quantize_row(dtype.ggml(), row, &mut bytes).unwrap(),
-                    }
-                }
+                super::super::quantize::encode_rows(&wf, cols, dtype, &mut bytes).unwrap();
                 let w = WeightView::from_bytes(dtype, &bytes, rows, cols);
                 let mut deq = vec![0.0; rows * cols];
                 for r in 0..rows {

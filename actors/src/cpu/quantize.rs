@@ -12,6 +12,7 @@
 
 use half::f16;
 use smoe_proto::ggml::{GgmlType, QK_K};
+use smoe_proto::DType;
 
 use super::quant::{scale_min_k4, QuantError};
 
@@ -34,6 +35,25 @@ pub fn quantize_row(ty: GgmlType, row: &[f32], out: &mut Vec<u8>) -> Result<(), 
     }
     for b in row.chunks_exact(ty.block_elems()) {
         block(b, out);
+    }
+    Ok(())
+}
+
+/// Appends `vals` — whole rows of `cols` values — stored as `to`: f32 as is, bf16 and
+/// f16 rounded to nearest even, a block format quantised row by row with
+/// [`quantize_row`] (what the vault writer stores and the benchmarks measure).
+pub fn encode_rows(vals: &[f32], cols: usize, to: DType, out: &mut Vec<u8>) -> Result<(), QuantError> {
+    match to {
+        DType::F32 => vals.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::Bf16 => {
+            vals.iter().for_each(|v| out.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes()))
+        }
+        DType::F16 => vals.iter().for_each(|v| push_f16(out, *v)),
+        _ => {
+            for row in vals.chunks(cols.max(1)) {
+                quantize_row(to.ggml(), row, out)?;
+            }
+        }
     }
     Ok(())
 }
