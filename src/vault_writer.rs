@@ -33,6 +33,14 @@ pub const TOKENIZER_FILES: &[&str] = &[
 
 /// Where tensor data comes from.
 pub trait TensorSource {
+    /// The element type tensor `name` of `shape` is stored in when the vault's weight type
+    /// is `dtype`: by default `dtype` for matrices, f32 for vectors (norms). Asked for
+    /// every resident tensor, and for each expert matrix of a layer through expert 0's
+    /// (every expert of a layer shares one layout).
+    fn dtype(&self, _name: &str, shape: &[usize], dtype: DType) -> DType {
+        resident_dtype(shape, dtype)
+    }
+
     /// Streams tensor `name` (which must have `shape`) converted to `to`, handing the
     /// bytes to `emit` in chunks of bounded size, each a whole number of rows (see
     /// [`step_elems`] and `cpu::quantize::encode_rows`).
@@ -146,9 +154,9 @@ fn resident_dtype(shape: &[usize], dtype: DType) -> DType {
 }
 
 /// Bytes the vault's data files will hold (for the progress bar).
-fn total_bytes(cfg: &ModelConfig, layouts: &[ExpertLayout], dtype: DType) -> u64 {
+fn total_bytes(cfg: &ModelConfig, layouts: &[ExpertLayout], dtype: DType, src: &dyn TensorSource) -> u64 {
     let resident: u64 =
-        resident_tensors(cfg).iter().filter_map(|(_, s)| tensor_bytes(resident_dtype(s, dtype), s)).sum();
+        resident_tensors(cfg).iter().filter_map(|(n, s)| tensor_bytes(src.dtype(n, s, dtype), s)).sum();
     resident + layouts.iter().map(|l| cfg.num_experts as u64 * l.blob_stride).sum::<u64>()
 }
 
@@ -167,6 +175,8 @@ pub struct VaultSpec<'a> {
     pub force: bool,
     /// Directory to copy tokenizer files from.
     pub tokenizer_dir: Option<&'a Path>,
+    /// Tokenizer files to write (name, contents), e.g. made from a GGUF's metadata.
+    pub tokenizer_files: Vec<(&'static str, String)>,
     /// Progress bar label.
     pub label: &'a str,
 }
@@ -179,7 +189,16 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         .moe_layers()
         .into_iter()
         .map(|l| {
-            let types = spec.quant.map_or([dtype; 3], |q| q.expert_types(l, cfg.num_hidden_layers, h, i));
+            let types = spec.quant.map_or_else(
+                || {
+                    [("gate_proj", [i, h]), ("up_proj", [i, h]), ("down_proj", [h, i])].map(
+                        |(part, shape)| {
+                            src.dtype(&format!("model.layers.{l}.mlp.experts.0.{part}.weight"), &shape, dtype)
+                        },
+                    )
+                },
+                |q| q.expert_types(l, cfg.num_hidden_layers, h, i),
+            );
             ExpertLayout::new(types, h, i).with_context(|| {
                 format!(
                     "layer {l}: experts of {i}×{h} cannot be stored as {}",
@@ -189,7 +208,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         })
         .collect::<Result<Vec<_>>>()?;
     prepare_out_dir(spec.out, spec.force)?;
-    let bar = ProgressBar::new(total_bytes(cfg, &layouts, dtype)).with_message(spec.label.to_string());
+    let bar = ProgressBar::new(total_bytes(cfg, &layouts, dtype, src)).with_message(spec.label.to_string());
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -200,7 +219,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     for (name, shape) in resident_tensors(cfg) {
         sink.pad_to(64)?;
         let offset = sink.pos;
-        let to = resident_dtype(&shape, dtype);
+        let to = src.dtype(&name, &shape, dtype);
         let crc32c = sink.tensor(src, &name, &shape, to, 0)?;
         tensors.push(TensorEntry { name, dtype: to, shape, offset, len: sink.pos - offset, crc32c });
     }
@@ -234,6 +253,11 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     bar.finish_and_clear();
 
     let mut tokenizer_files = Vec::new();
+    for (name, text) in &spec.tokenizer_files {
+        let path = spec.out.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        tokenizer_files.push(name.to_string());
+    }
     if let Some(dir) = spec.tokenizer_dir {
         for name in TOKENIZER_FILES {
             let from = dir.join(name);

@@ -38,12 +38,8 @@ fn later_parts_truncated_files_and_unsupported_types_are_clean_errors() {
     let err = run_err(&["gguf-info", "--gguf", cut.to_str().unwrap()]);
     assert!(err.contains("tensor output.weight") && err.contains("the file is truncated"), "{err}");
 
-    // output.weight's info: name, n_dims (u32), two u64 dims, then the type id.
-    let mut q3 = bytes.clone();
-    let name = b"output.weight";
-    let at = q3.windows(name.len()).position(|w| w == name).unwrap() + name.len() + 4 + 16;
-    assert_eq!(q3[at..at + 4], 14u32.to_le_bytes(), "q6_K");
-    q3[at..at + 4].copy_from_slice(&11u32.to_le_bytes());
+    // output.weight: q6_K (14) read as q3_K (11).
+    let q3 = retype_gguf_tensor(&bytes, "output.weight", 14, 11);
     let path = dir.path().join("q3.gguf");
     std::fs::write(&path, q3).unwrap();
     let err = run_err(&["gguf-info", "--gguf", path.to_str().unwrap()]);

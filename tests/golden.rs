@@ -1,35 +1,15 @@
 //! Golden tests: the CPU reference engine against HuggingFace transformers on tiny
-//! random-weight Qwen3-MoE checkpoints (greedy ids identical, logits within 1e-4).
+//! random-weight Qwen3-MoE checkpoints (greedy ids identical, logits within 1e-4); the
+//! GGUF fixtures are in `convert_gguf.rs`.
 
 mod common;
 
 use common::*;
 
-const TOLERANCE: f32 = 1e-4;
-
 fn check_fixture(name: &str, convert_args: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let vault = convert(name, dir.path(), convert_args);
-    let golden = fixture(name).join("golden_logits.safetensors");
-    for (i, (prompt, greedy)) in golden_cases(name).iter().enumerate() {
-        let lpath = dir.path().join(format!("logits{i}.safetensors"));
-        let out = generate_json(&vault, prompt, greedy.len(), &lpath, &[]);
-        assert_eq!(
-            &id_list(&out["token_ids"]),
-            greedy,
-            "{name} case {i}: greedy ids differ from transformers"
-        );
-        assert_eq!(id_list(&out["prompt_ids"]), *prompt);
-        let (shape, ours) = read_f32(&lpath, "logits");
-        let (gshape, theirs) = read_f32(&golden, &format!("case{i}"));
-        assert_eq!(shape, gshape, "{name} case {i}: logits shape");
-        let max = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        assert!(max <= TOLERANCE, "{name} case {i}: max |logit diff| {max} > {TOLERANCE}");
-        let stats = &out["stats"];
-        assert_eq!(stats["prefill_tokens"].as_u64().unwrap() as usize, prompt.len());
-        assert_eq!(stats["decode_tokens"].as_u64().unwrap() as usize, greedy.len() - 1);
-        assert!(stats["blob_reads"].as_u64().unwrap() > 0);
-    }
+    check_golden(name, &vault, dir.path());
 }
 
 #[test]

@@ -6,13 +6,11 @@ mod common;
 #[path = "serve/daemon.rs"]
 mod daemon;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
 use common::{run_err, run_ok};
-use daemon::Daemon;
+use daemon::{request, Daemon};
 
 /// Runs `serve --config FILE ARGS --print-config` on `toml` expecting failure; returns stderr.
 fn refused(toml: &str, args: &[&str]) -> String {
@@ -87,35 +85,11 @@ fn missing_vault_is_a_clean_error() {
     assert!(err.contains("/nonexistent/vault"), "{err}");
 }
 
-/// `GET path` over plain HTTP/1.1; returns the body.
-fn get(url: &str, path: &str) -> String {
-    request(url, "GET", path, "")
-}
-
-/// `method path` with the JSON `body` (none when empty) over plain HTTP/1.1; asserts
-/// status 200 and returns the response body.
-fn request(url: &str, method: &str, path: &str, body: &str) -> String {
-    let addr = url.trim_start_matches("http://");
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let content = if body.is_empty() {
-        String::new()
-    } else {
-        format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len())
-    };
-    write!(c, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{content}Connection: close\r\n\r\n{body}")
-        .unwrap();
-    let mut resp = String::new();
-    c.read_to_string(&mut resp).unwrap();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    resp.split_once("\r\n\r\n").unwrap().1.to_string()
-}
-
 #[test]
 fn no_config_serves_the_demo_model() {
     let cache = tempfile::tempdir().unwrap();
     let mut d = Daemon::start(&[], &[("XDG_CACHE_HOME", cache.path())]);
-    let models = get(&d.url, "/v1/models");
+    let models = request(&d.url, "GET", "/v1/models", "");
     assert!(models.contains("smoe-demo-tiny-random") && models.contains("random-weight demo"), "{models}");
     assert!(d.log().contains("tiny random-weight demo model"), "{}", d.log());
     // It chats (the README's first request).
@@ -131,7 +105,7 @@ fn no_config_serves_the_demo_model() {
     // Second start: the vault made on the first is reused.
     let mut d = Daemon::start(&[], &[("XDG_CACHE_HOME", cache.path())]);
     assert!(!d.log().contains("first run"), "{}", d.log());
-    assert!(get(&d.url, "/health").contains("\"ok\""));
+    assert!(request(&d.url, "GET", "/health", "").contains("\"ok\""));
     d.terminate(Duration::from_secs(30));
 }
 

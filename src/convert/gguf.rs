@@ -843,4 +843,4 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 #[path = "gguf_tests.rs"]
-mod tests;
+pub(crate) mod tests;

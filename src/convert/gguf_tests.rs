@@ -150,7 +150,7 @@ fn accessors_and_tensor_bytes() {
 // Small GGUFs written here, each broken in one way.
 
 /// Encodes a GGUF string.
-fn gstr(s: &[u8]) -> Vec<u8> {
+pub(crate) fn gstr(s: &[u8]) -> Vec<u8> {
     let mut v = (s.len() as u64).to_le_bytes().to_vec();
     v.extend_from_slice(s);
     v
@@ -169,15 +169,15 @@ struct RawTensor {
 
 /// A GGUF file under construction: raw metadata pairs and tensors.
 #[derive(Clone)]
-struct Builder {
+pub(crate) struct Builder {
     version: u32,
-    kv: Vec<(Vec<u8>, u32, Vec<u8>)>,
+    pub(crate) kv: Vec<(Vec<u8>, u32, Vec<u8>)>,
     tensors: Vec<RawTensor>,
     alignment: u64,
 }
 
 impl Builder {
-    fn new() -> Builder {
+    pub(crate) fn new() -> Builder {
         Builder { version: 3, kv: Vec::new(), tensors: Vec::new(), alignment: 32 }.kv(
             b"general.architecture",
             8,
@@ -185,12 +185,12 @@ impl Builder {
         )
     }
 
-    fn kv(mut self, key: &[u8], code: u32, payload: Vec<u8>) -> Builder {
+    pub(crate) fn kv(mut self, key: &[u8], code: u32, payload: Vec<u8>) -> Builder {
         self.kv.push((key.to_vec(), code, payload));
         self
     }
 
-    fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType) -> Builder {
+    pub(crate) fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType) -> Builder {
         let elems: u64 = dims.iter().product();
         let size = (elems / ty.block_elems() as u64 * ty.block_bytes() as u64) as usize;
         self.tensors.push(RawTensor {
@@ -230,7 +230,7 @@ impl Builder {
         b
     }
 
-    fn write(&self, dir: &Path, name: &str) -> PathBuf {
+    pub(crate) fn write(&self, dir: &Path, name: &str) -> PathBuf {
         let p = dir.join(name);
         std::fs::write(&p, self.bytes()).unwrap();
         p
@@ -254,7 +254,15 @@ fn expect_err(bytes: &[u8], parts: &[&str]) -> GgufError {
     e
 }
 
-fn u32b(v: u32) -> Vec<u8> {
+/// Encodes a GGUF array of strings (value type 9 of element type 8).
+pub(crate) fn strings(items: &[&str]) -> Vec<u8> {
+    let mut v = u32b(8);
+    v.extend((items.len() as u64).to_le_bytes());
+    items.iter().for_each(|s| v.extend(gstr(s.as_bytes())));
+    v
+}
+
+pub(crate) fn u32b(v: u32) -> Vec<u8> {
     v.to_le_bytes().to_vec()
 }
 

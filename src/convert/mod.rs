@@ -1,13 +1,15 @@
-//! `smoe-pipeline convert`: a HuggingFace checkpoint directory becomes a vault — a
-//! manifest, one file of resident tensors, one file of aligned expert blobs per MoE
-//! layer, and the tokenizer files. Tensors are streamed through a fixed-size buffer,
+//! `smoe-pipeline convert`: a HuggingFace checkpoint directory or a GGUF file becomes a
+//! vault — a manifest, one file of resident tensors, one file of aligned expert blobs per
+//! MoE layer, and the tokenizer files. Tensors are streamed through a fixed-size buffer,
 //! so memory stays bounded whatever the checkpoint's size.
 
 pub mod checkpoint;
 pub mod gguf;
+pub mod gguf_model;
+pub mod gguf_tokenizer;
 pub mod hf_config;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use smoe_actors::cpu::quantize::encode_rows;
@@ -20,6 +22,8 @@ use checkpoint::{Checkpoint, SrcDtype};
 
 /// Elements converted per step when streaming a tensor.
 const STREAM_ELEMS: usize = 1 << 20;
+/// Bytes handed on per step when streaming a tensor.
+const STREAM_BYTES: usize = 4 << 20;
 
 /// Converts the raw little-endian bytes of `src` (whole rows of `cols` elements of `from`)
 /// to `to`, appending to `out`: copied when the types agree, else widened exactly to f32
@@ -46,14 +50,23 @@ fn convert_elems(
     Ok(encode_rows(vals, cols, to, out)?)
 }
 
+/// What a conversion reads.
+pub enum Source {
+    /// A HuggingFace checkpoint directory.
+    Hf(PathBuf),
+    /// A GGUF file (the first part of a split model).
+    Gguf(PathBuf),
+}
+
 /// Options of one conversion.
 pub struct ConvertOptions {
-    /// HuggingFace checkpoint directory.
-    pub hf: PathBuf,
+    /// The model to convert.
+    pub source: Source,
     /// Vault directory to create.
     pub out: PathBuf,
-    /// Element type of weight matrices; `None` keeps bf16 checkpoints bf16 and
-    /// converts everything else to f32 (both exact).
+    /// Element type of a HuggingFace checkpoint's weight matrices; `None` keeps bf16
+    /// checkpoints bf16 and converts everything else to f32 (both exact). A GGUF's
+    /// tensors keep their formats.
     pub dtype: Option<DType>,
     /// How the expert matrices are quantised (`None`: stored as `dtype`).
     pub quant: Option<Quant>,
@@ -91,14 +104,22 @@ impl TensorSource for CheckpointSource<'_> {
 
 /// Runs a conversion; returns the manifest written.
 pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
-    let cfg = hf_config::read_model_config(&opts.hf)?;
-    let ckpt = Checkpoint::open(&opts.hf)?;
+    match &opts.source {
+        Source::Hf(dir) => convert_hf(dir, opts),
+        Source::Gguf(path) => gguf_model::convert(path, &opts.out, opts.force),
+    }
+}
+
+/// Converts the HuggingFace checkpoint in `hf`.
+fn convert_hf(hf: &Path, opts: &ConvertOptions) -> Result<Manifest> {
+    let cfg = hf_config::read_model_config(hf)?;
+    let ckpt = Checkpoint::open(hf)?;
     let files: Vec<String> = ckpt
         .shards
         .iter()
         .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
         .collect();
-    eprintln!("reading the checkpoint {}: {}", opts.hf.display(), files.join(", "));
+    eprintln!("reading the checkpoint {}: {}", hf.display(), files.join(", "));
     let all_bf16 = ckpt.tensors.values().filter(|t| t.shape.len() == 2).all(|t| t.dtype == SrcDtype::Bf16);
     let dtype = opts.dtype.unwrap_or(if all_bf16 { DType::Bf16 } else { DType::F32 });
     let spec = VaultSpec {
@@ -107,7 +128,8 @@ pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
         dtype,
         quant: opts.quant,
         force: opts.force,
-        tokenizer_dir: Some(&opts.hf),
+        tokenizer_dir: Some(hf),
+        tokenizer_files: Vec::new(),
         label: "converting",
     };
     let mut src = CheckpointSource { ckpt: &ckpt, vals: Vec::new(), buf: Vec::new() };

@@ -87,6 +87,7 @@ fn build(cfg: &ModelConfig, staging: &Path, vault: &Path) -> Result<()> {
         quant: None,
         force: true,
         tokenizer_dir: Some(&tok_dir),
+        tokenizer_files: Vec::new(),
         label: "making the demo model",
     };
     synth::write_random(&spec, SEED)?;

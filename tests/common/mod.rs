@@ -71,6 +71,55 @@ pub fn convert(name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// Converts the GGUF fixture `name` (`tests/fixtures/<name>/model.gguf`) into a vault
+/// inside `dir`; returns the vault path.
+pub fn convert_gguf(name: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{name}.vault"));
+    let gguf = fixture(name).join("model.gguf");
+    run_ok(&["convert", "--gguf", gguf.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    out
+}
+
+/// A copy of the GGUF file `bytes` whose 2-D tensor `name` has ggml type id `to` in
+/// its info (name, `u32` dimension count, two `u64` dims, then the type id), asserting
+/// it had `from`. The data is left as it was.
+pub fn retype_gguf_tensor(bytes: &[u8], name: &str, from: u32, to: u32) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    let n = name.as_bytes();
+    let at = b.windows(n.len()).position(|w| w == n).unwrap() + n.len() + 4 + 16;
+    assert_eq!(b[at..at + 4], from.to_le_bytes(), "type id of {name}");
+    b[at..at + 4].copy_from_slice(&to.to_le_bytes());
+    b
+}
+
+/// Largest |logit − transformers' logit| the golden tests accept.
+pub const GOLDEN_TOLERANCE: f32 = 1e-4;
+
+/// Runs every golden case of fixture `name` on `vault` (files into `dir`): greedy ids
+/// equal to transformers', logits within [`GOLDEN_TOLERANCE`], stats consistent.
+pub fn check_golden(name: &str, vault: &Path, dir: &Path) {
+    let golden = fixture(name).join("golden_logits.safetensors");
+    for (i, (prompt, greedy)) in golden_cases(name).iter().enumerate() {
+        let lpath = dir.join(format!("logits{i}.safetensors"));
+        let out = generate_json(vault, prompt, greedy.len(), &lpath, &[]);
+        assert_eq!(
+            &id_list(&out["token_ids"]),
+            greedy,
+            "{name} case {i}: greedy ids differ from transformers"
+        );
+        assert_eq!(id_list(&out["prompt_ids"]), *prompt);
+        let (shape, ours) = read_f32(&lpath, "logits");
+        let (gshape, theirs) = read_f32(&golden, &format!("case{i}"));
+        assert_eq!(shape, gshape, "{name} case {i}: logits shape");
+        let max = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(max <= GOLDEN_TOLERANCE, "{name} case {i}: max |logit diff| {max} > {GOLDEN_TOLERANCE}");
+        let stats = &out["stats"];
+        assert_eq!(stats["prefill_tokens"].as_u64().unwrap() as usize, prompt.len());
+        assert_eq!(stats["decode_tokens"].as_u64().unwrap() as usize, greedy.len() - 1);
+        assert!(stats["blob_reads"].as_u64().unwrap() > 0);
+    }
+}
+
 /// The golden cases of a fixture: (prompt ids, greedy ids).
 pub fn golden_cases(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
     let g: Value =

@@ -2,7 +2,8 @@
 //! Python client tests against it, stop it with SIGTERM.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -133,4 +134,23 @@ pub fn python(daemon: &Daemon, name: &str, args: &[&str], limit: Duration) {
         t.elapsed(),
         daemon.log()
     );
+}
+
+/// `method path` with the JSON `body` (none when empty) over plain HTTP/1.1; asserts
+/// status 200 and returns the response body.
+pub fn request(url: &str, method: &str, path: &str, body: &str) -> String {
+    let addr = url.trim_start_matches("http://");
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let content = if body.is_empty() {
+        String::new()
+    } else {
+        format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len())
+    };
+    write!(c, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{content}Connection: close\r\n\r\n{body}")
+        .unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    resp.split_once("\r\n\r\n").unwrap().1.to_string()
 }
