@@ -105,14 +105,21 @@ fn check_against_cpu(
     (out, worst)
 }
 
+/// Fixture `name` converted from its checkpoint with `convert_args`: goldens and the CPU.
 fn check_fixture(name: &str, convert_args: &[&str]) {
     let Some(ctx) = vulkan::context() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let vault = convert(name, dir.path(), convert_args);
+    check_vault(&ctx, name, &format!("{convert_args:?}"), &convert(name, dir.path(), convert_args));
+}
+
+/// Fixture `name`'s golden cases on `vault` (made from it as `how` says): greedy ids
+/// equal to transformers', logits within [`GOLDEN_TOLERANCE`] of theirs, and
+/// [`check_against_cpu`].
+fn check_vault(ctx: &Arc<VulkanContext>, name: &str, how: &str, vault: &Path) {
     let golden = fixture(name).join("golden_logits.safetensors");
     let goldens = golden_cases(name);
     let cases: Vec<(Vec<u32>, usize)> = goldens.iter().map(|(p, g)| (p.clone(), g.len())).collect();
-    let (runs, worst_cpu) = check_against_cpu(&ctx, &vault, &cases);
+    let (runs, worst_cpu) = check_against_cpu(ctx, vault, &cases);
     let mut worst_golden = 0.0f32;
     for (i, ((ids, rows), (_, greedy))) in runs.iter().zip(&goldens).enumerate() {
         assert_eq!(ids, greedy, "{name} case {i}: Vulkan greedy ids differ from transformers");
@@ -122,9 +129,23 @@ fn check_fixture(name: &str, convert_args: &[&str]) {
         assert!(g <= GOLDEN_TOLERANCE, "{name} case {i}: max |Vulkan - transformers| {g}");
     }
     eprintln!(
-        "{name} {convert_args:?} on {}: max |Vulkan - CPU| = {worst_cpu:e}, max |Vulkan - transformers| = {worst_golden:e}",
+        "{name} {how} on {}: max |Vulkan - CPU| = {worst_cpu:e}, max |Vulkan - transformers| = {worst_golden:e}",
         ctx.info.name
     );
+}
+
+/// Every GGUF fixture converted with `convert --gguf` (tensors kept in their formats:
+/// F32, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and the Q4_K_M mix whose tied Q6_K embedding
+/// is looked up on the device) against transformers loading the GGUF, and the CPU.
+#[test]
+fn vulkan_gguf_fixtures_match() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for name in
+        ["gguf_f32", "gguf_bf16", "gguf_q8_0", "gguf_q4_0", "gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_q4_k_m"]
+    {
+        check_vault(&ctx, name, "convert --gguf", &convert_gguf(name, dir.path()));
+    }
 }
 
 /// Quantised experts (`synth --preset small --quant SCHEME`: hidden and expert sizes of
