@@ -9,6 +9,7 @@ use smoe_actors::engine::{Engine, EngineOptions, RingSize};
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::vulkan::harness::KernelHarness;
 use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanPass};
+use smoe_proto::DType;
 
 use crate::kernels::upload;
 
@@ -104,7 +105,7 @@ pub fn e2e(args: &[String]) {
 /// busy GPU runs at rather than the idle one (see `kernels::time`).
 fn warm_gpu(ctx: &Arc<VulkanContext>) {
     let h = KernelHarness::new(ctx.clone(), 1 << 20, 16).expect("harness");
-    let w = upload(&h, 2048, 4096, 7, false, false);
+    let w = upload(&h, 2048, 4096, 7, DType::F32, false);
     h.run_timed(h.read_all(&w, 1056, 0).expect("read"), 1, Duration::from_millis(300), 0).expect("run");
 }
 

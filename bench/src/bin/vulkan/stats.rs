@@ -10,7 +10,6 @@ use vulkano::VulkanObject;
 
 use smoe_actors::vulkan::harness::MatmulTuning;
 use smoe_actors::vulkan::{spirv, Kernel, Kernels, TypedKernels, VulkanContext};
-use smoe_proto::DType;
 
 use crate::fail;
 use crate::kernels::{Tuning, TYPES};
