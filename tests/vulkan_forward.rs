@@ -65,17 +65,16 @@ fn open(ctx: &Arc<VulkanContext>, vault: &Path, slots: usize, max_rows: usize) -
     (engine, fwd)
 }
 
+/// A greedy run: the token ids and the logits of every decode step.
+type Run = (Vec<u32>, Vec<Vec<f32>>);
+
 /// Runs each case (prompt, greedy steps) on the Vulkan backend serially (ring of 64
 /// slots), in layer-major blocks of 3 and 8 tokens with a ring of 3 slots (smaller than a
 /// block's union: the expert work then runs in batches the ring can hold), and on the CPU
 /// backend. Layer-major logits must be byte-identical to serial ones, greedy ids equal
 /// to the CPU's and logits within [`CPU_TOLERANCE`] of them. Returns each case's Vulkan
 /// ids and logits, and the largest |Vulkan − CPU|.
-fn check_against_cpu(
-    ctx: &Arc<VulkanContext>,
-    vault: &Path,
-    cases: &[(Vec<u32>, usize)],
-) -> (Vec<(Vec<u32>, Vec<Vec<f32>>)>, f32) {
+fn check_against_cpu(ctx: &Arc<VulkanContext>, vault: &Path, cases: &[(Vec<u32>, usize)]) -> (Vec<Run>, f32) {
     let cpu = Engine::open(vault, &opts(64), &HostAllocator).unwrap();
     let (_e1, mut serial) = open(ctx, vault, 64, 1);
     let (_e2, mut chunked) = open(ctx, vault, 3, 8);
@@ -141,9 +140,16 @@ fn check_vault(ctx: &Arc<VulkanContext>, name: &str, how: &str, vault: &Path) {
 fn vulkan_gguf_fixtures_match() {
     let Some(ctx) = vulkan::context() else { return };
     let dir = tempfile::tempdir().unwrap();
-    for name in
-        ["gguf_f32", "gguf_bf16", "gguf_q8_0", "gguf_q4_0", "gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_q4_k_m"]
-    {
+    for name in [
+        "gguf_f32",
+        "gguf_bf16",
+        "gguf_q8_0",
+        "gguf_q4_0",
+        "gguf_q4_k",
+        "gguf_q5_k",
+        "gguf_q6_k",
+        "gguf_q4_k_m",
+    ] {
         check_vault(&ctx, name, "convert --gguf", &convert_gguf(name, dir.path()));
     }
 }

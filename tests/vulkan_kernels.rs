@@ -329,8 +329,16 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
         // Every type for all three parts, and mixes of gate/up and down types (a Q4_K_M
         // file keeps some layers' down projections in Q6_K).
         let same = DType::ALL.map(|d| [d, d]);
-        let mixed = [[DType::Q4K, DType::Q6K], [DType::Q5K, DType::Q8_0], [DType::Bf16, DType::Q4_0], [DType::Q6K, DType::F16]];
-        let kinds = same.iter().chain(&mixed).filter(|[g, d]| g.row_bytes(hidden).is_some() && d.row_bytes(inter).is_some());
+        let mixed = [
+            [DType::Q4K, DType::Q6K],
+            [DType::Q5K, DType::Q8_0],
+            [DType::Bf16, DType::Q4_0],
+            [DType::Q6K, DType::F16],
+        ];
+        let kinds = same
+            .iter()
+            .chain(&mixed)
+            .filter(|[g, d]| g.row_bytes(hidden).is_some() && d.row_bytes(inter).is_some());
         for &[gu, dn] in kinds {
             let b = Blobs::random(&mut rng, e, [gu, dn], inter, hidden);
             let (down_set, pair) = h.blobs(bytemuck::cast_slice(&b.words), false).unwrap();
@@ -548,19 +556,35 @@ fn device_embedding_rows_are_bitwise_the_cpus() {
             let ids: Vec<u32> = [5, 0, vocab - 1, 4, 5, 2, 6].map(|i| i as u32 % vocab as u32).to_vec();
             let m = ids.len();
             h.write_route(&ids).unwrap();
-            let whole = MatmulArgs { rows: vocab as u32, cols: cols as u32, m: m as u32, out_stride: cols as u32, ..Default::default() };
+            let whole = MatmulArgs {
+                rows: vocab as u32,
+                cols: cols as u32,
+                m: m as u32,
+                out_stride: cols as u32,
+                ..Default::default()
+            };
             // The whole table bound, then rows 4..7 as a range of a larger table is bound
             // (binding at row 4): only tokens with ids there are written.
             let unit = weight_unit(dtype);
-            let ranged = MatmulArgs { rows: 3, x_off: 4, w_off: (4 * dtype.row_bytes(cols).unwrap() as u64 / unit) as u32, ..whole };
+            let ranged = MatmulArgs {
+                rows: 3,
+                x_off: 4,
+                w_off: (4 * dtype.row_bytes(cols).unwrap() as u64 / unit) as u32,
+                ..whole
+            };
             for (a, lo, hi) in [(whole, 0, vocab as u32), (ranged, 4, 7)] {
                 h.write_act(out, &vec![sentinel; m * cols]).unwrap();
                 h.run(|r| r.embed(dtype, w.set(), MatmulArgs { out_off: out as u32, ..a }), 1).unwrap();
                 let got = h.read_act(out, m * cols).unwrap();
                 for (t, &id) in ids.iter().enumerate() {
                     let row = &got[t * cols..(t + 1) * cols];
-                    let want = if (lo..hi).contains(&id) { mat.row_f32(id as usize) } else { vec![sentinel; cols] };
-                    assert_eq!(bits(row), bits(&want), "{dtype} vocab {vocab} cols {cols} token {t} (id {id}), rows {lo}..{hi}");
+                    let want =
+                        if (lo..hi).contains(&id) { mat.row_f32(id as usize) } else { vec![sentinel; cols] };
+                    assert_eq!(
+                        bits(row),
+                        bits(&want),
+                        "{dtype} vocab {vocab} cols {cols} token {t} (id {id}), rows {lo}..{hi}"
+                    );
                 }
             }
         }

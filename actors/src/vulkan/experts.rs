@@ -283,11 +283,7 @@ impl VulkanBackend {
             for (pos, &(_, start, i)) in order.iter().enumerate() {
                 let (s, n) = self.ex.segs[first + i];
                 let t = self.ex.tab_off + 3 * (first + pos);
-                rb[t..t + 3].copy_from_slice(&[
-                    (blobs[i].offset() - start) as u32,
-                    s as u32,
-                    n as u32,
-                ]);
+                rb[t..t + 3].copy_from_slice(&[(blobs[i].offset() - start) as u32, s as u32, n as u32]);
             }
         }
         let a = self.a;

@@ -19,8 +19,7 @@ use super::VulkanError;
 use crate::tensor::WeightView;
 
 pub use super::record::{
-    weight_unit, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER,
-    FLAG_TABLE,
+    weight_unit, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
 };
 pub use vulkano::descriptor_set::DescriptorSet;
 
@@ -147,7 +146,10 @@ impl KernelHarness {
         };
         // Every type's kernels have the same set layouts: those of f32 serve all.
         let t = self.kernels.typed(DType::F32)?;
-        Ok((set0(&self.ctx, &t.down, std::slice::from_ref(&buf))?, set0(&self.ctx, &t.gate_up, &[buf.clone(), buf])?))
+        Ok((
+            set0(&self.ctx, &t.down, std::slice::from_ref(&buf))?,
+            set0(&self.ctx, &t.gate_up, &[buf.clone(), buf])?,
+        ))
     }
 
     /// The set binding `gate` and `up` for the gate/up kernels.

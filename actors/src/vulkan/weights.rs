@@ -108,7 +108,8 @@ impl DeviceModel {
                 .iter()
                 .zip(&u.ranges)
                 .map(|(a, b)| {
-                    let set = set0(ctx, &kernels.typed(DType::F32)?.gate_up, &[a.bytes.clone(), b.bytes.clone()])?;
+                    let set =
+                        set0(ctx, &kernels.typed(DType::F32)?.gate_up, &[a.bytes.clone(), b.bytes.clone()])?;
                     Ok(((a.row0 as u32, a.rows as u32), set))
                 })
                 .collect::<Result<_, VulkanError>>()?;

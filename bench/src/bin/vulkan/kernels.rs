@@ -41,7 +41,14 @@ const TILE_ROWS: usize = 64;
 /// A `rows` × `cols` matrix of `dtype` holding [`fill`] weights (seeded by `seed`;
 /// quantised for the block formats, rows repeating after [`TILE_ROWS`]), in device-local
 /// or (`host`) host-visible memory.
-pub fn upload(h: &KernelHarness, rows: usize, cols: usize, seed: u64, dtype: DType, host: bool) -> TestWeight {
+pub fn upload(
+    h: &KernelHarness,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+    dtype: DType,
+    host: bool,
+) -> TestWeight {
     let mut bytes = Vec::new();
     encode_rows(&fill(rows.min(TILE_ROWS) * cols, seed), cols, dtype, &mut bytes).expect("whole blocks");
     let len = dtype.matrix_bytes(rows, cols).expect("whole blocks") as usize;
