@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::settings::ByteSize;
+
 /// smoe-pipeline: run mixture-of-experts models larger than memory by streaming
 /// routed experts from NVMe.
 #[derive(Parser, Debug)]
@@ -172,9 +174,9 @@ pub struct EngineArgs {
     /// Ring slots (each holds one expert); default: 4 GiB worth, at most every expert.
     #[arg(long, conflicts_with = "ring_bytes")]
     pub ring_slots: Option<usize>,
-    /// Ring size in bytes (alternative to --ring-slots).
+    /// Ring size (alternative to --ring-slots), with an optional unit: 4096, 512MiB, 12G.
     #[arg(long)]
-    pub ring_bytes: Option<u64>,
+    pub ring_bytes: Option<ByteSize>,
     /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread.
     #[arg(long, default_value = "auto")]
     pub io: smoe_actors::streamer::IoChoice,
@@ -182,8 +184,8 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 8)]
     pub queue_depth: usize,
     /// Prompt tokens per layer-major prefill chunk.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub chunk_size: u32,
+    #[arg(long, default_value_t = 512)]
+    pub chunk_size: usize,
     /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
     #[arg(long, default_value_t = 0)]
     pub spec_depth: usize,
@@ -247,9 +249,9 @@ pub struct ServeArgs {
     /// Ring slots (one expert each).
     #[arg(long, conflicts_with = "ring_bytes")]
     pub ring_slots: Option<usize>,
-    /// Ring size in bytes.
+    /// Ring size, with an optional unit: 4096, 512MiB, 12G.
     #[arg(long)]
-    pub ring_bytes: Option<u64>,
+    pub ring_bytes: Option<ByteSize>,
     /// I/O path: auto, io-uring or pread.
     #[arg(long)]
     pub io: Option<String>,

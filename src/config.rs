@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
+use smoe_actors::engine::EngineOptions;
 use smoe_actors::sampler::SamplingParams;
-use smoe_actors::streamer::{IoChoice, StreamerOptions};
 
 use crate::cli::ServeArgs;
+use crate::settings::{ByteSize, EngineSettings, Limit};
 
 /// Everything `smoe-pipeline serve` can be told. Field names are the TOML keys.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -41,9 +41,10 @@ pub struct Config {
     /// Ring slots (one expert each); conflicts with `ring_bytes`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_slots: Option<usize>,
-    /// Ring size in bytes; default 4 GiB when neither ring key is set.
+    /// Ring size (bytes, or a string with a unit such as `"12GiB"`); default 4 GiB when
+    /// neither ring key is set.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ring_bytes: Option<u64>,
+    pub ring_bytes: Option<ByteSize>,
     /// I/O path: `auto`, `io-uring` or `pread`.
     pub io: String,
     /// Reads in flight (io_uring) or reader threads (pread).
@@ -80,6 +81,11 @@ pub struct SamplingDefaults {
     /// Completion length for requests without `max_tokens` (capped by the context left).
     pub max_tokens: usize,
 }
+
+/// Stored token streams (serve only).
+const MAX_SESSIONS: Limit = Limit { key: "max_sessions", min: 1, max: 1024 };
+/// Requests waiting behind the running one (serve only).
+const MAX_QUEUE: Limit = Limit { key: "max_queue", min: 0, max: 1 << 20 };
 
 impl Default for Config {
     fn default() -> Self {
@@ -199,12 +205,6 @@ impl Config {
 
     /// Checks every key's range; the error names the key.
     pub fn validate(&self) -> Result<()> {
-        fn range<T: PartialOrd + std::fmt::Display>(key: &str, v: T, lo: T, hi: T) -> Result<()> {
-            if v < lo || v > hi {
-                bail!("invalid config: `{key}` must be between {lo} and {hi}, got {v}");
-            }
-            Ok(())
-        }
         self.listen_addr()?;
         if self.model_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
             bail!("invalid config: `model_name` must not be empty");
@@ -218,24 +218,9 @@ impl Config {
                 self.log_level
             )
         })?;
-        self.backend_kind()?;
-        range("device", self.device, 0, 255)?;
-        range("max_context", self.max_context, 2, 1 << 20)?;
-        if self.ring_slots.is_some() && self.ring_bytes.is_some() {
-            bail!("invalid config: set `ring_slots` or `ring_bytes`, not both");
-        }
-        if let Some(n) = self.ring_slots {
-            range("ring_slots", n, 1, 1 << 24)?;
-        }
-        if let Some(b) = self.ring_bytes {
-            range("ring_bytes", b, 1, u64::MAX)?;
-        }
-        self.io_choice()?;
-        range("queue_depth", self.queue_depth, 1, 1024)?;
-        range("chunk_size", self.chunk_size, 1, 65536)?;
-        range("spec_depth", self.spec_depth, 0, 1024)?;
-        range("max_sessions", self.max_sessions, 1, 1024)?;
-        range("max_queue", self.max_queue, 0, 1 << 20)?;
+        self.engine_settings()?.validate()?;
+        MAX_SESSIONS.check_usize(self.max_sessions)?;
+        MAX_QUEUE.check_usize(self.max_queue)?;
         if !(self.shutdown_grace.is_finite() && (0.0..=3600.0).contains(&self.shutdown_grace)) {
             bail!(
                 "invalid config: `shutdown_grace` must be between 0 and 3600 seconds, got {}",
@@ -252,7 +237,13 @@ impl Config {
         if !(s.repetition_penalty.is_finite() && s.repetition_penalty > 0.0) {
             bail!("invalid config: `sampling.repetition_penalty` must be > 0, got {}", s.repetition_penalty);
         }
-        range("sampling.max_tokens", s.max_tokens, 1, 1 << 20)?;
+        if !(1..=1 << 20).contains(&s.max_tokens) {
+            bail!(
+                "invalid config: `sampling.max_tokens` must be between 1 and {}, got {}",
+                1 << 20,
+                s.max_tokens
+            );
+        }
         Ok(())
     }
 
@@ -263,23 +254,25 @@ impl Config {
         })
     }
 
-    /// The I/O path.
-    fn io_choice(&self) -> Result<IoChoice> {
-        self.io.parse().map_err(|e| anyhow!("invalid config: `io`: {e}"))
+    /// The engine keys, parsed (the error names the key); ranges are checked by
+    /// [`EngineSettings::validate`], the same check the command-line flags get.
+    pub fn engine_settings(&self) -> Result<EngineSettings> {
+        Ok(EngineSettings {
+            max_context: self.max_context,
+            ring_slots: self.ring_slots,
+            ring_bytes: self.ring_bytes,
+            io: self.io.parse().map_err(|e| anyhow!("invalid config: `io`: {e}"))?,
+            queue_depth: self.queue_depth,
+            chunk_size: self.chunk_size,
+            spec_depth: self.spec_depth,
+            backend: self.backend_kind()?,
+            device: self.device,
+        })
     }
 
     /// Engine options for opening the vault.
     pub fn engine_options(&self) -> Result<EngineOptions> {
-        let ring = match (self.ring_slots, self.ring_bytes) {
-            (Some(n), _) => RingSize::Slots(n),
-            (None, Some(b)) => RingSize::Bytes(b),
-            (None, None) => RingSize::Bytes(DEFAULT_RING_BYTES),
-        };
-        Ok(EngineOptions {
-            max_context: self.max_context,
-            ring,
-            streamer: StreamerOptions { io: self.io_choice()?, queue_depth: self.queue_depth, fault: None },
-        })
+        self.engine_settings()?.engine_options()
     }
 
     /// Sampling parameters for a request that set none, before per-request overrides.

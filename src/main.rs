@@ -6,6 +6,7 @@ mod convert;
 mod devices;
 mod generate;
 mod serve;
+mod settings;
 mod synth;
 mod tokenizer;
 mod vault_writer;

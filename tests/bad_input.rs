@@ -224,3 +224,45 @@ fn existing_vault_is_not_overwritten_without_force() {
     assert!(err.contains("--force"), "{err}");
     convert("moe_all", dir.path(), &["--force"]);
 }
+
+/// Runs `generate` on `vault` with `extra` engine flags; returns the run's output.
+fn generate_with(vault: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,2,3", "--json"];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+#[test]
+fn out_of_range_engine_flags_are_errors_naming_flag_and_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    for (flags, want) in [
+        (
+            &["--queue-depth", "100000"][..],
+            "`queue_depth` (--queue-depth): must be between 1 and 1024, got 100000",
+        ),
+        (&["--ring-slots", "0"][..], "`ring_slots` (--ring-slots): must be between 1 and 16777216, got 0"),
+        (&["--chunk-size", "0"][..], "`chunk_size` (--chunk-size): must be between 1 and 65536, got 0"),
+        (&["--max-context", "1"][..], "`max_context` (--max-context): must be between 2"),
+        // One expert blob of moe_all takes 32 KiB.
+        (&["--ring-bytes", "16KiB"][..], "one slot takes 32768 bytes: set `ring_bytes` (--ring-bytes)"),
+        (&["--ring-bytes", "12 parsecs"][..], "is not a size"),
+    ] {
+        let mut args = vec!["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,2,3"];
+        args.extend_from_slice(flags);
+        let err = run_err(&args);
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
+}
+
+#[test]
+fn ring_bytes_take_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    for (size, slots) in [("64KiB", 2), ("96K", 3), ("1G", 24), ("65536", 2)] {
+        let out = generate_with(&vault, &["--ring-bytes", size]);
+        assert!(out.status.success(), "{size}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["stats"]["ring_slots"], slots, "{size}");
+    }
+}

@@ -271,7 +271,8 @@ impl LoadSink for Shared {
 /// Ring cache settings.
 #[derive(Clone, Debug)]
 pub struct RingOptions {
-    /// Number of slots (clamped to 1..=all experts of the vault).
+    /// Number of slots: at least 1 ([`RingError::NoSlots`] otherwise), at most all
+    /// experts of the vault (more would never be used).
     pub slots: usize,
     /// Streamer settings.
     pub streamer: StreamerOptions,
@@ -289,6 +290,15 @@ pub enum RingError {
         bytes: usize,
         /// The allocator's error.
         source: std::io::Error,
+    },
+    /// The ring size gives no slot (a byte budget below one expert blob).
+    #[error(
+        "the ring must hold at least one expert, and one slot takes {bytes} bytes: set `ring_bytes` \
+         (--ring-bytes) to at least that, or `ring_slots` (--ring-slots) to at least 1"
+    )]
+    NoSlots {
+        /// Bytes per slot (the blob stride).
+        bytes: usize,
     },
     /// The streamer could not start.
     #[error(transparent)]
@@ -313,8 +323,11 @@ impl RingCache {
         let cfg = &vault.manifest().model;
         let layout = *vault.expert_layout();
         let total = vault.manifest().experts.layers.len() * cfg.num_experts;
-        let n = opts.slots.clamp(1, total.max(1));
         let bytes = layout.blob_stride as usize;
+        if opts.slots == 0 {
+            return Err(RingError::NoSlots { bytes });
+        }
+        let n = opts.slots.min(total.max(1));
         let arena =
             allocator.allocate(n, bytes).map_err(|source| RingError::Alloc { slots: n, bytes, source })?;
         let shared = Arc::new(Shared {

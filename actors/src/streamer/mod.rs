@@ -201,6 +201,9 @@ pub enum StreamerError {
     /// A layer file could not be opened.
     #[error(transparent)]
     Vault(#[from] VaultError),
+    /// An I/O thread could not be started (too many threads for this system).
+    #[error("cannot start a streamer thread ({0}); lower queue_depth (--queue-depth)")]
+    Thread(std::io::Error),
 }
 
 /// A running streamer.
@@ -233,24 +236,27 @@ impl Streamer {
                 }
             },
         };
-        let mut threads = Vec::new();
-        let mode = match uring {
+        let mode = if uring.is_some() { IoMode::IoUring } else { IoMode::Pread };
+        // Threads join the streamer as they start, so a failed start stops those
+        // already running (through `Drop`).
+        let mut streamer = Streamer { queue: queue.clone(), threads: Vec::new(), mode };
+        match uring {
             Some(worker) => {
-                let (q, f, s, fault) = (queue.clone(), files.clone(), sink.clone(), opts.fault.clone());
-                threads.push(spawn("smoe-uring", move || worker.run(&q, &f, s.as_ref(), fault.as_deref())));
-                IoMode::IoUring
+                let (q, f, s, fault) = (queue, files, sink, opts.fault.clone());
+                streamer
+                    .threads
+                    .push(spawn("smoe-uring", move || worker.run(&q, &f, s.as_ref(), fault.as_deref()))?);
             }
             None => {
                 for i in 0..depth {
                     let (q, f, s, fault) = (queue.clone(), files.clone(), sink.clone(), opts.fault.clone());
-                    threads.push(spawn(&format!("smoe-pread-{i}"), move || {
+                    streamer.threads.push(spawn(&format!("smoe-pread-{i}"), move || {
                         pread::run(&q, &f, s.as_ref(), fault.as_deref())
-                    }));
+                    })?);
                 }
-                IoMode::Pread
             }
-        };
-        Ok(Streamer { queue, threads, mode })
+        }
+        Ok(streamer)
     }
 
     /// Queues a read.
@@ -274,8 +280,8 @@ impl Streamer {
     }
 }
 
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
-    std::thread::Builder::new().name(name.to_string()).spawn(f).expect("spawning a streamer thread")
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, StreamerError> {
+    std::thread::Builder::new().name(name.to_string()).spawn(f).map_err(StreamerError::Thread)
 }
 
 impl Drop for Streamer {
