@@ -273,6 +273,21 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM/Ctrl-C.
     #[arg(long)]
     pub shutdown_grace: Option<f64>,
+    /// Largest request body, with an optional unit (larger gets 413).
+    #[arg(long)]
+    pub max_body_bytes: Option<ByteSize>,
+    /// Seconds a request's head may take once its first byte arrived.
+    #[arg(long)]
+    pub header_read_timeout: Option<f64>,
+    /// Seconds a request's body may take (slower gets 408).
+    #[arg(long)]
+    pub body_read_timeout: Option<f64>,
+    /// Seconds a connection may sit without a request before it is closed.
+    #[arg(long)]
+    pub idle_timeout: Option<f64>,
+    /// Open connections at once (more get 503).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,

@@ -11,7 +11,7 @@ use smoe_actors::engine::EngineOptions;
 use smoe_actors::sampler::SamplingParams;
 
 use crate::cli::ServeArgs;
-use crate::settings::{ByteSize, EngineSettings, Limit};
+use crate::settings::{self, ByteSize, EngineSettings, Limit};
 
 /// Everything `smoe-pipeline serve` can be told. Field names are the TOML keys.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -59,6 +59,16 @@ pub struct Config {
     pub max_queue: usize,
     /// Seconds to let in-flight requests finish after SIGTERM/Ctrl-C before cancelling.
     pub shutdown_grace: f64,
+    /// Largest request body accepted (bytes, or a string with a unit); larger gets 413.
+    pub max_body_bytes: ByteSize,
+    /// Seconds a request's head may take to arrive once its first byte has.
+    pub header_read_timeout: f64,
+    /// Seconds a request's body may take to arrive; slower gets 408.
+    pub body_read_timeout: f64,
+    /// Seconds a connection may sit with no request in progress before it is closed.
+    pub idle_timeout: f64,
+    /// Open connections at once; more are answered 503 and closed.
+    pub max_connections: usize,
     /// Defaults for requests that leave sampling parameters out.
     pub sampling: SamplingDefaults,
 }
@@ -86,6 +96,27 @@ pub struct SamplingDefaults {
 const MAX_SESSIONS: Limit = Limit { key: "max_sessions", min: 1, max: 1024 };
 /// Requests waiting behind the running one (serve only).
 const MAX_QUEUE: Limit = Limit { key: "max_queue", min: 0, max: 1 << 20 };
+/// Open connections.
+const MAX_CONNECTIONS: Limit = Limit { key: "max_connections", min: 1, max: 65536 };
+/// Smallest `max_body_bytes`.
+const MIN_BODY: ByteSize = ByteSize(1 << 10);
+/// Largest `max_body_bytes`.
+const MAX_BODY: ByteSize = ByteSize(1 << 30);
+/// Shortest connection timeout, in seconds.
+const MIN_TIMEOUT: f64 = 0.1;
+/// Longest duration setting, in seconds.
+const MAX_SECONDS: f64 = 3600.0;
+
+/// Checks a duration key in seconds: finite, between `min` and an hour.
+fn seconds(key: &str, v: f64, min: f64) -> Result<()> {
+    if !(v.is_finite() && (min..=MAX_SECONDS).contains(&v)) {
+        bail!(
+            "invalid setting {}: must be between {min} and {MAX_SECONDS} seconds, got {v}",
+            settings::name(key)
+        );
+    }
+    Ok(())
+}
 
 impl Default for Config {
     fn default() -> Self {
@@ -107,6 +138,11 @@ impl Default for Config {
             max_sessions: 4,
             max_queue: 16,
             shutdown_grace: 10.0,
+            max_body_bytes: ByteSize(8 << 20),
+            header_read_timeout: 30.0,
+            body_read_timeout: 60.0,
+            idle_timeout: 60.0,
+            max_connections: 256,
             sampling: SamplingDefaults::default(),
         }
     }
@@ -196,6 +232,11 @@ impl Config {
         set(&mut self.max_sessions, &a.max_sessions);
         set(&mut self.max_queue, &a.max_queue);
         set(&mut self.shutdown_grace, &a.shutdown_grace);
+        set(&mut self.max_body_bytes, &a.max_body_bytes);
+        set(&mut self.header_read_timeout, &a.header_read_timeout);
+        set(&mut self.body_read_timeout, &a.body_read_timeout);
+        set(&mut self.idle_timeout, &a.idle_timeout);
+        set(&mut self.max_connections, &a.max_connections);
     }
 
     /// The compute backend; the error names the key.
@@ -221,12 +262,18 @@ impl Config {
         self.engine_settings()?.validate()?;
         MAX_SESSIONS.check_usize(self.max_sessions)?;
         MAX_QUEUE.check_usize(self.max_queue)?;
-        if !(self.shutdown_grace.is_finite() && (0.0..=3600.0).contains(&self.shutdown_grace)) {
+        seconds("shutdown_grace", self.shutdown_grace, 0.0)?;
+        if !(MIN_BODY..=MAX_BODY).contains(&self.max_body_bytes) {
             bail!(
-                "invalid config: `shutdown_grace` must be between 0 and 3600 seconds, got {}",
-                self.shutdown_grace
+                "invalid setting {}: must be between {MIN_BODY} and {MAX_BODY}, got {}",
+                settings::name("max_body_bytes"),
+                self.max_body_bytes
             );
         }
+        seconds("header_read_timeout", self.header_read_timeout, MIN_TIMEOUT)?;
+        seconds("body_read_timeout", self.body_read_timeout, MIN_TIMEOUT)?;
+        seconds("idle_timeout", self.idle_timeout, MIN_TIMEOUT)?;
+        MAX_CONNECTIONS.check_usize(self.max_connections)?;
         let s = &self.sampling;
         if !(s.temperature.is_finite() && (0.0..=100.0).contains(&s.temperature)) {
             bail!("invalid config: `sampling.temperature` must be between 0 and 100, got {}", s.temperature);

@@ -117,7 +117,7 @@ impl FromStr for ByteSize {
 impl fmt::Display for ByteSize {
     /// The largest binary unit that divides the size exactly (`12GiB`), else bytes.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let unit = UNITS[..4].iter().find(|(_, k)| self.0 >= *k && self.0 % k == 0);
+        let unit = UNITS[..4].iter().find(|(_, k)| self.0 >= *k && self.0.is_multiple_of(*k));
         match unit {
             Some((name, k)) => write!(f, "{}{name}", self.0 / k),
             None => write!(f, "{}", self.0),

@@ -55,6 +55,11 @@ fn out_of_range_values_are_refused_by_name() {
         ("queue_depth = 100000\n", "`queue_depth` (--queue-depth): must be between 1 and 1024"),
         ("ring_bytes = \"12 parsecs\"\n", "key `ring_bytes`"),
         ("ring_bytes = 0\n", "`ring_bytes` (--ring-bytes)"),
+        ("max_body_bytes = \"2GiB\"\n", "`max_body_bytes` (--max-body-bytes): must be between 1KiB and 1GiB"),
+        ("idle_timeout = 0.0\n", "`idle_timeout` (--idle-timeout)"),
+        ("header_read_timeout = -3.0\n", "`header_read_timeout`"),
+        ("body_read_timeout = 1e9\n", "`body_read_timeout`"),
+        ("max_connections = 0\n", "`max_connections` (--max-connections)"),
         ("[sampling]\ntop_p = 1.5\n", "`sampling.top_p`"),
     ] {
         let err = refused(toml, &[]);
