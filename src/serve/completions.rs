@@ -193,8 +193,10 @@ fn plan(st: &AppState, adm: &Admission, body: &[u8], endpoint: Endpoint) -> Resu
     })
 }
 
-/// Streams `events` as server-sent events. A client that goes away drops the stream,
-/// which ends the task and, through the dropped job channel, the generation.
+/// Streams `events` as server-sent events. A client that goes away drops the stream; the
+/// task notices at once (even while the job is queued or prefilling and sends nothing)
+/// and drops the job's channel, which takes the job out of the queue or stops it at the
+/// next prefill chunk or token.
 fn stream_response(
     st: Arc<AppState>,
     events: mpsc::UnboundedReceiver<smoe_actors::scheduler::JobEvent>,
@@ -210,7 +212,10 @@ fn stream_response(
         {
             return;
         }
-        let outcome = drive(events, &st.tokenizer, stops, |piece| send(shape.piece(&piece))).await;
+        let outcome = tokio::select! {
+            o = drive(events, &st.tokenizer, stops, |piece| send(shape.piece(&piece))) => o,
+            _ = out.closed() => Outcome::Abandoned,
+        };
         match outcome {
             Outcome::Done { finish_reason, usage } => {
                 let last = match shape.endpoint {
