@@ -1,5 +1,6 @@
 //! The `smoe-pipeline` binary.
 
+mod atomic_dir;
 mod cli;
 mod config;
 mod convert;

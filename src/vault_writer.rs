@@ -1,13 +1,15 @@
 //! Writing a vault: the resident tensor file, one file of 16 KiB-aligned expert blobs
-//! per MoE layer, the tokenizer files, and the manifest (last, so an interrupted write
-//! leaves no manifest and is rejected on open). Tensor bytes come from a
-//! [`TensorSource`] in bounded chunks: a checkpoint being converted, or the random
-//! generator of `synth`.
+//! per MoE layer, the tokenizer files, and the manifest. Everything is written into a
+//! staging directory beside the target, which takes the target's place only when complete
+//! ([`Staging`]): a failed run leaves the target as it was and removes what it wrote.
+//! Tensor bytes come from a [`TensorSource`] in bounded chunks: a checkpoint being
+//! converted, or the random generator of `synth`.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use crate::atomic_dir::Staging;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use smoe_proto::{
@@ -163,7 +165,11 @@ pub struct VaultSpec<'a> {
 /// Writes a complete vault from `src`; returns its manifest.
 pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<Manifest> {
     let (cfg, dtype) = (spec.cfg, spec.dtype);
-    prepare_out_dir(spec.out, spec.force)?;
+    check_out_dir(spec.out, spec.force)?;
+    let staging = Staging::begin(spec.out)?;
+    let out = staging.path();
+    let experts = out.join("experts");
+    std::fs::create_dir(&experts).with_context(|| format!("cannot create {}", experts.display()))?;
     let layout = ExpertLayout::new(dtype, cfg.hidden_size, cfg.moe_intermediate_size);
     let bar = ProgressBar::new(total_bytes(cfg, &layout, dtype)).with_message(spec.label.to_string());
     bar.set_style(
@@ -171,7 +177,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
 
-    let mut sink = Sink::create(spec.out.join(RESIDENT_FILE), &bar)?;
+    let mut sink = Sink::create(out.join(RESIDENT_FILE), &bar)?;
     let mut tensors = Vec::new();
     for (name, shape) in resident_tensors(cfg) {
         sink.pad_to(64)?;
@@ -187,7 +193,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     let mut layers = Vec::new();
     for l in cfg.moe_layers() {
         let file = expert_file_name(l);
-        let mut sink = Sink::create(spec.out.join(&file), &bar)?;
+        let mut sink = Sink::create(out.join(&file), &bar)?;
         let mut blobs = Vec::with_capacity(cfg.num_experts);
         for e in 0..cfg.num_experts {
             let offset = sink.pos;
@@ -219,7 +225,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         for name in TOKENIZER_FILES {
             let from = dir.join(name);
             if from.exists() {
-                std::fs::copy(&from, spec.out.join(name))
+                std::fs::copy(&from, out.join(name))
                     .with_context(|| format!("cannot copy {}", from.display()))?;
                 tokenizer_files.push(name.to_string());
             }
@@ -232,20 +238,58 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         experts: ExpertIndex { layout, layers },
         tokenizer_files,
     };
-    let path = spec.out.join(MANIFEST_FILE);
+    let path = out.join(MANIFEST_FILE);
     std::fs::write(&path, serde_json::to_string_pretty(&manifest)?)
         .with_context(|| format!("cannot write {}", path.display()))?;
+    staging.commit()?;
     Ok(manifest)
 }
 
-/// Creates the vault directory (and `experts/`), refusing to overwrite an existing
-/// vault unless `force`.
-fn prepare_out_dir(out: &Path, force: bool) -> Result<()> {
-    if out.join(MANIFEST_FILE).exists() {
+/// Refuses to replace what is at `out` unless it is nothing, an empty directory, an
+/// unfinished vault (no valid manifest, only names a vault holds: what an interrupted
+/// run of an older build left), or — with `force` — a vault. Anything else is left alone,
+/// even with `force`.
+fn check_out_dir(out: &Path, force: bool) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => bail!("cannot inspect {}: {e}", out.display()),
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        bail!(
+            "{} exists and is not a directory (a symbolic link is not followed); choose another --out",
+            out.display()
+        );
+    }
+    if holds_vault(out) {
         if !force {
             bail!("{} already holds a vault; pass --force to overwrite it", out.display());
         }
-        std::fs::remove_file(out.join(MANIFEST_FILE))?;
+        return Ok(());
     }
-    std::fs::create_dir_all(out.join("experts")).with_context(|| format!("cannot create {}", out.display()))
+    let entries = std::fs::read_dir(out).with_context(|| format!("cannot list {}", out.display()))?;
+    for e in entries {
+        let name = e?.file_name();
+        let name = name.to_string_lossy();
+        let ours = name == MANIFEST_FILE || name == RESIDENT_FILE || name == "experts";
+        if !ours && !TOKENIZER_FILES.contains(&name.as_ref()) {
+            bail!(
+                "{} is not a vault but holds `{name}`; choose another --out or empty it (it is not \
+                 overwritten, even with --force)",
+                out.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` holds a vault: a regular `manifest.json` that is JSON with a format
+/// version (of any version: a vault of another build is still one).
+fn holds_vault(dir: &Path) -> bool {
+    let path = dir.join(MANIFEST_FILE);
+    if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let Ok(text) = std::fs::read(&path) else { return false };
+    serde_json::from_slice::<serde_json::Value>(&text).is_ok_and(|m| m["format_version"].is_u64())
 }

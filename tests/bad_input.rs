@@ -266,3 +266,58 @@ fn ring_bytes_take_units() {
         assert_eq!(v["stats"]["ring_slots"], slots, "{size}");
     }
 }
+
+/// Entries of `dir` whose name contains `part`.
+fn entries_with(dir: &Path, part: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(part))
+        .collect()
+}
+
+#[test]
+fn failed_convert_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("moe_all", dir.path());
+    // A resident tensor of layer 1 is missing: the run fails halfway through the writes.
+    rewrite_tensors(&hf, |n, d, s, b| (n != Q_PROJ).then(|| (d, s.to_vec(), b.to_vec())));
+    let out = dir.path().join("v");
+    convert_err(&hf, &out);
+    assert!(!out.exists(), "a failed convert left {}", out.display());
+    assert_eq!(entries_with(dir.path(), "partial"), Vec::<String>::new());
+    // A vault already there survives a failed --force run untouched.
+    let vault = convert("moe_all", dir.path(), &[]);
+    let before = std::fs::read(vault.join("manifest.json")).unwrap();
+    run_err(&["convert", "--hf", hf.to_str().unwrap(), "--out", vault.to_str().unwrap(), "--force"]);
+    assert_eq!(std::fs::read(vault.join("manifest.json")).unwrap(), before);
+    generate_json(&vault, &[1, 2], 2, &dir.path().join("l.st"), &[]);
+}
+
+#[test]
+fn a_directory_without_a_valid_manifest_is_not_a_vault() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("moe_all.vault");
+    // What an interrupted run leaves: a torn manifest and partial data files.
+    std::fs::create_dir_all(out.join("experts")).unwrap();
+    std::fs::write(out.join("manifest.json"), "{\"format_vers").unwrap();
+    std::fs::write(out.join("resident.bin"), [0u8; 100]).unwrap();
+    std::fs::write(out.join("experts/layer_000.bin"), [0u8; 100]).unwrap();
+    // And a staging directory of a run that was killed (no such process).
+    std::fs::create_dir(dir.path().join(".moe_all.vault.partial-999999999")).unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    generate_json(&vault, &[1, 2], 2, &dir.path().join("l.st"), &[]);
+    assert_eq!(entries_with(dir.path(), "partial"), Vec::<String>::new());
+    // A directory holding anything else is never overwritten, not even with --force.
+    let other = dir.path().join("notes");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("todo.txt"), "keep me").unwrap();
+    let hf = fixture("moe_all");
+    for force in [&[][..], &["--force"][..]] {
+        let mut args = vec!["convert", "--hf", hf.to_str().unwrap(), "--out", other.to_str().unwrap()];
+        args.extend_from_slice(force);
+        let err = run_err(&args);
+        assert!(err.contains("is not a vault but holds `todo.txt`"), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(other.join("todo.txt")).unwrap(), "keep me");
+}
