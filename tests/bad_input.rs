@@ -321,3 +321,93 @@ fn a_directory_without_a_valid_manifest_is_not_a_vault() {
     }
     assert_eq!(std::fs::read_to_string(other.join("todo.txt")).unwrap(), "keep me");
 }
+
+/// Runs the binary with `args`, killing it after `secs`; `None` if it had to be killed.
+fn run_within(args: &[&str], secs: u64) -> Option<std::process::Output> {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smoe-pipeline"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// `generate` on `vault` fails within 20 s (no hang) with an error containing `want`.
+fn fails_fast_with(vault: &Path, want: &[&str]) {
+    let args = ["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,2", "--max-tokens", "2"];
+    let out = run_within(&args, 20).unwrap_or_else(|| panic!("generate hung on {}", vault.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for w in want {
+        assert!(err.contains(w), "wanted {w:?} in: {err}");
+    }
+}
+
+fn mkfifo(path: &Path) {
+    std::fs::remove_file(path).unwrap();
+    let ok = std::process::Command::new("mkfifo").arg(path).status().unwrap().success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+#[test]
+fn fifos_devices_and_paths_outside_the_vault_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let pristine = manifest(&vault);
+    let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut m = pristine.clone();
+        edit(&mut m);
+        std::fs::write(vault.join("manifest.json"), m.to_string()).unwrap();
+    };
+    for (name, edit, want) in [
+        (
+            "resident ..",
+            &(|m: &mut serde_json::Value| m["resident"]["file"] = "../../etc/passwd".into())
+                as &dyn Fn(&mut serde_json::Value),
+            "not a plain relative path",
+        ),
+        (
+            "resident /dev/zero",
+            &|m: &mut serde_json::Value| m["resident"]["file"] = "/dev/zero".into(),
+            "not a plain relative path",
+        ),
+        (
+            "layer /dev/zero",
+            &|m: &mut serde_json::Value| m["experts"]["layers"][1]["file"] = "/dev/zero".into(),
+            "\"/dev/zero\"",
+        ),
+    ] {
+        with(edit);
+        println!("{name}");
+        fails_fast_with(&vault, &[want, "manifest.json"]);
+    }
+    with(&|_| {});
+    // A link inside the vault that leads out of it.
+    let layer = vault.join("experts/layer_002.bin");
+    let saved = std::fs::read(&layer).unwrap();
+    std::fs::remove_file(&layer).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &layer).unwrap();
+    fails_fast_with(&vault, &["leads outside the vault directory"]);
+    std::fs::remove_file(&layer).unwrap();
+    std::fs::write(&layer, saved).unwrap();
+    // FIFOs where the manifest and the resident file belong: an error, not a hang.
+    let resident = vault.join("resident.bin");
+    let saved = std::fs::read(&resident).unwrap();
+    std::fs::write(&resident, b"x").unwrap();
+    mkfifo(&resident);
+    fails_fast_with(&vault, &["resident.bin", "is a FIFO"]);
+    std::fs::remove_file(&resident).unwrap();
+    std::fs::write(&resident, saved).unwrap();
+    mkfifo(&vault.join("manifest.json"));
+    fails_fast_with(&vault, &["manifest.json", "is a FIFO"]);
+}

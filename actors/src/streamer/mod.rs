@@ -12,8 +12,7 @@ mod pread;
 pub mod queue;
 mod uring;
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,6 +21,7 @@ use std::time::Duration;
 use smoe_proto::{ExpertKey, ReadRequest, VaultError};
 
 use crate::blob_check::verify_blob;
+use crate::vault::files::open_member;
 use crate::vault::{BlobLocation, Vault};
 use queue::IoQueue;
 
@@ -139,25 +139,19 @@ impl BlobFiles {
             (0..vault.manifest().model.num_hidden_layers).map(|_| None).collect();
         let mut warned = false;
         for l in &vault.manifest().experts.layers {
-            let path = vault.dir().join(&l.file);
-            let direct = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path);
-            let file = match direct {
+            let file = match open_member(vault.dir(), &l.file, libc::O_DIRECT) {
                 Ok(f) => f,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                Err(VaultError::Io { file, source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
                     if !warned {
                         tracing::warn!(
                             "{}: O_DIRECT not supported by this filesystem; using buffered reads",
-                            path.display()
+                            file.display()
                         );
                         warned = true;
                     }
-                    File::open(&path).map_err(|e| VaultError::Io {
-                        file: path.clone(),
-                        offset: 0,
-                        source: e,
-                    })?
+                    open_member(vault.dir(), &l.file, 0)?
                 }
-                Err(e) => return Err(VaultError::Io { file: path, offset: 0, source: e }),
+                Err(e) => return Err(e),
             };
             files[l.layer] = Some(file);
         }

@@ -1,8 +1,10 @@
 //! Opening a vault: the manifest is parsed and checked against the files next to it,
 //! the resident tensors are memory-mapped and verified once, and the blob index is kept
-//! for the streamer that reads the experts.
+//! for the streamer that reads the experts. Every file is opened through [`files`]: only
+//! regular files inside the vault directory.
 
-use std::fs::File;
+pub mod files;
+
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -57,14 +59,14 @@ impl Vault {
     pub fn open(dir: impl AsRef<Path>) -> Result<Vault, VaultError> {
         let dir = dir.as_ref().to_path_buf();
         let mpath = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&mpath).map_err(|e| {
+        let text = files::read_member(&dir, MANIFEST_FILE, files::MAX_METADATA_BYTES).map_err(|e| {
             manifest_err(
                 &mpath,
                 format!("cannot read the vault manifest ({e}); is this a directory made by `smoe-pipeline convert`?"),
             )
         })?;
-        let version: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
+        let version: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
         let found = version.get("format_version").and_then(|v| v.as_u64());
         match found {
             Some(v) if v == FORMAT_VERSION as u64 => {}
@@ -78,8 +80,8 @@ impl Vault {
         manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
         let layer_slot = check_expert_index(&mpath, &dir, &manifest)?;
 
+        let rfile = files::open_member(&dir, &manifest.resident.file, 0)?;
         let rpath = dir.join(&manifest.resident.file);
-        let rfile = File::open(&rpath).map_err(|e| manifest_err(&rpath, format!("cannot open: {e}")))?;
         let actual = rfile.metadata().map(|m| m.len()).unwrap_or(0);
         if actual != manifest.resident.file_len {
             return Err(manifest_err(
@@ -220,7 +222,8 @@ fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Opti
                 ),
             ));
         }
-        let actual = std::fs::metadata(&path)
+        let actual = files::open_member(dir, &l.file, 0)?
+            .metadata()
             .map_err(|e| manifest_err(&path, format!("cannot open expert file: {e}")))?
             .len();
         if actual != l.file_len {
