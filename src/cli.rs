@@ -27,6 +27,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Check that layer-major prefill is byte-identical to token-serial replay.
     Verify(VerifyArgs),
+    /// Read a whole vault and verify every checksum (resident tensors and expert blobs).
+    Check(CheckArgs),
     /// Write a random-weight vault at the shape of a real model.
     Synth(SynthArgs),
     /// List the Vulkan devices (index for --device, memory heaps, key limits).
@@ -88,6 +90,14 @@ pub struct VerifyArgs {
     /// Vulkan device index.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+}
+
+/// Arguments of `check`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Vault directory to check.
+    #[arg(long)]
+    pub vault: PathBuf,
 }
 
 /// Arguments of `devices`.

@@ -97,6 +97,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if let Some(e) = stream_err {
         return Err(e);
     }
+    // The resident checksums were verified in the background meanwhile.
+    engine.vault.resident_check().wait()?;
     if let Some(path) = &args.logits_out {
         write_logits(path, &logits_rows, ids.len(), vocab)?;
     }

@@ -1,6 +1,7 @@
 //! The `smoe-pipeline` binary.
 
 mod atomic_dir;
+mod check;
 mod cli;
 mod config;
 mod convert;
@@ -37,6 +38,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(&a),
         Command::Serve(a) => serve::run(&a),
         Command::Verify(a) => verify::run(&a),
+        Command::Check(a) => check::run(&a),
         Command::Synth(a) => {
             let opts = synth::SynthOptions {
                 out: a.out,

@@ -411,3 +411,47 @@ fn fifos_devices_and_paths_outside_the_vault_are_refused() {
     mkfifo(&vault.join("manifest.json"));
     fails_fast_with(&vault, &["manifest.json", "is a FIFO"]);
 }
+
+/// Flips one byte of `file` at `offset`.
+fn flip(file: &Path, offset: usize) {
+    let mut bytes = std::fs::read(file).unwrap();
+    bytes[offset] ^= 0x10;
+    std::fs::write(file, bytes).unwrap();
+}
+
+#[test]
+fn opening_a_vault_leaves_resident_checksums_to_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let v = smoe_actors::vault::Vault::open(&vault).unwrap();
+    v.resident_check().wait().unwrap();
+    assert!(matches!(v.resident_check().status(), Some(Ok(()))));
+    drop(v);
+    flip(&vault.join("resident.bin"), 100);
+    // The open succeeds (structure only); the background check finds the fault.
+    let v = smoe_actors::vault::Vault::open(&vault).expect("open checks structure only");
+    let err = v.resident_check().wait().unwrap_err().to_string();
+    assert!(err.contains("checksum mismatch for resident tensor `model.embed_tokens.weight`"), "{err}");
+}
+
+#[test]
+fn check_reads_everything_and_names_every_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let v = vault.to_str().unwrap();
+    let out = run_ok(&["check", "--vault", v]);
+    assert!(out.contains("ok — 30 resident tensors and 24 expert blobs"), "{out}");
+    let m = manifest(&vault);
+    let blob = m["experts"]["layers"][1]["blobs"][3]["offset"].as_u64().unwrap();
+    flip(&vault.join("experts/layer_001.bin"), blob as usize + 77);
+    let q =
+        m["resident"]["tensors"].as_array().unwrap().iter().find(|t| t["name"] == Q_PROJ).unwrap().clone();
+    flip(&vault.join("resident.bin"), q["offset"].as_u64().unwrap() as usize + 5);
+    let err = run_err(&["check", "--vault", v]);
+    assert!(err.contains(&format!("checksum mismatch for resident tensor `{Q_PROJ}`")), "{err}");
+    assert!(
+        err.contains(&format!("layer 1 expert 3 in {v}/experts/layer_001.bin at offset {blob}")),
+        "{err}"
+    );
+    assert!(err.contains("1 of 30 resident tensors and 1 of 24 expert blobs do not match"), "{err}");
+}

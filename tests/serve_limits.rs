@@ -191,3 +191,28 @@ fn connections_over_the_limit_get_json_503() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_corrupt_resident_tensor_found_in_the_background_stops_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = common::convert("moe_all", dir.path(), &[]);
+    let file = vault.join("resident.bin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let d = start(&vault, &[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&d.url, "/health").status != 503 {
+        assert!(Instant::now() < deadline, "still healthy:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(get(&d.url, "/health").body.contains("vault_corrupt"));
+    let r = post(&d.url, "/v1/completions", r#"{"model":"moe_all.vault","prompt":"Hello","max_tokens":2}"#);
+    assert!(!r.body.contains("resident.bin"), "{r:?}");
+    api_error(&r, 500);
+    assert!(
+        d.log().contains("checksum mismatch for resident tensor `model.embed_tokens.weight`"),
+        "{}",
+        d.log()
+    );
+}

@@ -1,12 +1,16 @@
-//! What a generation request goes through before it reaches the scheduler: its body is
-//! read within `max_body_bytes` and `body_read_timeout`, and the CPU work on it (JSON
-//! parsing, chat template, the prompt's byte-length check, tokenizing) runs on the
-//! blocking pool behind a semaphore, never on the async runtime's threads.
+//! What a generation request goes through before it reaches the scheduler: it is refused
+//! once the vault's background check found corrupt resident tensors, its body is read
+//! within `max_body_bytes` and `body_read_timeout`, and the CPU work on it (JSON parsing,
+//! chat template, the prompt's byte-length check, tokenizing) runs on the blocking pool
+//! behind a semaphore, never on the async runtime's threads.
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use axum::body::{Body, Bytes};
 use futures_util::StreamExt;
+use smoe_actors::vault::integrity::ResidentCheck;
 use tokenizers::Tokenizer;
 use tokio::sync::Semaphore;
 
@@ -22,15 +26,31 @@ pub struct Admission {
     pub body_timeout: Duration,
     /// Bytes-to-tokens bound of the tokenizer, for refusing oversized prompts unread.
     pub bound: PromptBound,
+    /// The background checksum verification of the served vault's resident tensors.
+    pub integrity: Arc<ResidentCheck>,
     /// Permits for prompt preparation on the blocking pool (one per CPU).
     workers: Semaphore,
 }
 
 impl Admission {
-    /// Intake limits for prompts tokenized by `tok`.
-    pub fn new(max_body: ByteSize, body_timeout: Duration, tok: &Tokenizer) -> Admission {
+    /// Intake limits for prompts tokenized by `tok`, on a vault checked by `integrity`.
+    pub fn new(
+        max_body: ByteSize,
+        body_timeout: Duration,
+        tok: &Tokenizer,
+        integrity: Arc<ResidentCheck>,
+    ) -> Admission {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Admission { max_body, body_timeout, bound: PromptBound::of(tok), workers: Semaphore::new(cpus) }
+        let bound = PromptBound::of(tok);
+        Admission { max_body, body_timeout, bound, integrity, workers: Semaphore::new(cpus) }
+    }
+
+    /// `Err` (500, detail logged) once the vault is known to be corrupt.
+    pub fn vault_ok(&self) -> Result<(), ApiError> {
+        match self.integrity.status() {
+            Some(Err(e)) => Err(ApiError::internal(e)),
+            _ => Ok(()),
+        }
     }
 
     /// Reads `body` whole: 413 past `max_body`, 408 past `body_timeout`.
@@ -78,7 +98,9 @@ mod tests {
     fn admission() -> Admission {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/moe_all/tokenizer.json");
         let tok = Tokenizer::from_file(path).unwrap();
-        Admission::new(ByteSize(1 << 10), Duration::from_millis(200), &tok)
+        let map = Arc::new(memmap2::MmapMut::map_anon(1).unwrap().make_read_only().unwrap());
+        let nothing = ResidentCheck::start(map, Vec::new(), "resident.bin".into());
+        Admission::new(ByteSize(1 << 10), Duration::from_millis(200), &tok, nothing)
     }
 
     /// On a one-thread runtime, a timer keeps ticking while prompt work runs: the work

@@ -56,6 +56,7 @@ async fn complete(
     body: Body,
     endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
+    adm.vault_ok()?;
     let body = adm.read_body(body).await?;
     let plan = {
         let (st, work_adm) = (st.clone(), adm.clone());

@@ -90,6 +90,7 @@ async fn serve(config: Config) -> Result<()> {
         config.max_body_bytes,
         Duration::from_secs_f64(config.body_read_timeout),
         &tok,
+        engine.vault.resident_check().clone(),
     ));
     let template = chat_template::ChatTemplate::load(&vault)?;
     let cfg = &engine.model.cfg;

@@ -67,8 +67,12 @@ async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Respo
     }
 }
 
-/// `GET /health`: 200 while serving, 503 once shutting down.
-async fn health(State(st): State<Arc<AppState>>) -> Response {
+/// `GET /health`: 200 while serving, 503 once shutting down or once the vault's
+/// background check found it corrupt.
+async fn health(State(st): State<Arc<AppState>>, Extension(adm): Extension<Arc<Admission>>) -> Response {
+    if matches!(adm.integrity.status(), Some(Err(_))) {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "vault_corrupt"}))).into_response();
+    }
     match st.scheduler.ask(Status).await {
         Ok(s) if s.accepting => Json(json!({
             "status": "ok",

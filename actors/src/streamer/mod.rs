@@ -21,7 +21,7 @@ use std::time::Duration;
 use smoe_proto::{ExpertKey, ReadRequest, VaultError};
 
 use crate::blob_check::verify_blob;
-use crate::vault::files::open_member;
+use crate::vault::files::open_direct;
 use crate::vault::{BlobLocation, Vault};
 use queue::IoQueue;
 
@@ -139,20 +139,14 @@ impl BlobFiles {
             (0..vault.manifest().model.num_hidden_layers).map(|_| None).collect();
         let mut warned = false;
         for l in &vault.manifest().experts.layers {
-            let file = match open_member(vault.dir(), &l.file, libc::O_DIRECT) {
-                Ok(f) => f,
-                Err(VaultError::Io { file, source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
-                    if !warned {
-                        tracing::warn!(
-                            "{}: O_DIRECT not supported by this filesystem; using buffered reads",
-                            file.display()
-                        );
-                        warned = true;
-                    }
-                    open_member(vault.dir(), &l.file, 0)?
-                }
-                Err(e) => return Err(e),
-            };
+            let (file, direct) = open_direct(vault.dir(), &l.file)?;
+            if !direct && !warned {
+                tracing::warn!(
+                    "{}: O_DIRECT not supported by this filesystem; using buffered reads",
+                    vault.dir().join(&l.file).display()
+                );
+                warned = true;
+            }
             files[l.layer] = Some(file);
         }
         Ok(BlobFiles { vault, files })

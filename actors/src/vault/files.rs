@@ -88,3 +88,15 @@ pub fn read_member(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>, VaultE
     }
     Ok(bytes)
 }
+
+/// Opens the layer file `name` for direct reads (`O_DIRECT`), or buffered where the
+/// filesystem refuses `O_DIRECT`; the flag says which.
+pub fn open_direct(dir: &Path, name: &str) -> Result<(File, bool), VaultError> {
+    match open_member(dir, name, libc::O_DIRECT) {
+        Ok(f) => Ok((f, true)),
+        Err(VaultError::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+            Ok((open_member(dir, name, 0)?, false))
+        }
+        Err(e) => Err(e),
+    }
+}

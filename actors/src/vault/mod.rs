@@ -1,11 +1,14 @@
 //! Opening a vault: the manifest is parsed and checked against the files next to it,
-//! the resident tensors are memory-mapped and verified once, and the blob index is kept
-//! for the streamer that reads the experts. Every file is opened through [`files`]: only
-//! regular files inside the vault directory.
+//! the resident tensors are memory-mapped (their checksums are verified in the
+//! background, see [`integrity`]), and the blob index is kept for the streamer that
+//! reads the experts. Every file is opened through [`files`]: only regular files inside
+//! the vault directory.
 
 pub mod files;
+pub mod integrity;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use smoe_proto::vault_format::align_up;
@@ -15,12 +18,14 @@ use smoe_proto::{
 };
 
 use crate::tensor::WeightView;
+use integrity::ResidentCheck;
 
 /// An opened, validated vault.
 pub struct Vault {
     dir: PathBuf,
     manifest: Manifest,
-    resident: Mmap,
+    resident: Arc<Mmap>,
+    resident_check: Arc<ResidentCheck>,
     /// For each decoder layer, the index into `manifest.experts.layers` (MoE layers only).
     layer_slot: Vec<Option<usize>>,
 }
@@ -55,7 +60,9 @@ fn manifest_err(file: &Path, reason: impl Into<String>) -> VaultError {
 
 impl Vault {
     /// Opens the vault in `dir`, checking the format version, the manifest against the
-    /// model configuration and the file sizes, and every resident tensor's checksum.
+    /// model configuration, the file sizes and where every tensor and blob lies, and
+    /// starts verifying the resident tensors' checksums in the background
+    /// ([`Vault::resident_check`]).
     pub fn open(dir: impl AsRef<Path>) -> Result<Vault, VaultError> {
         let dir = dir.as_ref().to_path_buf();
         let mpath = dir.join(MANIFEST_FILE);
@@ -110,16 +117,10 @@ impl Vault {
                     ),
                 ));
             }
-            let bytes = &resident[t.offset as usize..(t.offset + t.len) as usize];
-            if crc32c::crc32c(bytes) != t.crc32c {
-                return Err(VaultError::TensorChecksum {
-                    name: t.name.clone(),
-                    file: rpath.clone(),
-                    offset: t.offset,
-                });
-            }
         }
-        Ok(Vault { dir, manifest, resident, layer_slot })
+        let resident = Arc::new(resident);
+        let resident_check = ResidentCheck::start(resident.clone(), manifest.resident.tensors.clone(), rpath);
+        Ok(Vault { dir, manifest, resident, resident_check, layer_slot })
     }
 
     /// The vault directory.
