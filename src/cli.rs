@@ -181,7 +181,7 @@ pub struct EngineArgs {
     /// Longest sequence (prompt + generated) to size the KV cache for.
     #[arg(long, default_value_t = 8192)]
     pub max_context: usize,
-    /// Ring slots (each holds one expert); default: 4 GiB worth, at most every expert.
+    /// Ring slots (each holds one expert); default: what the memory available leaves, at most every expert.
     #[arg(long, conflicts_with = "ring_bytes")]
     pub ring_slots: Option<usize>,
     /// Ring size (alternative to --ring-slots), with an optional unit: 4096, 512MiB, 12G.

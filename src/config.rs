@@ -41,8 +41,8 @@ pub struct Config {
     /// Ring slots (one expert each); conflicts with `ring_bytes`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_slots: Option<usize>,
-    /// Ring size (bytes, or a string with a unit such as `"12GiB"`); default 4 GiB when
-    /// neither ring key is set.
+    /// Ring size (bytes, or a string with a unit such as `"12GiB"`); default: sized from
+    /// the memory available when neither ring key is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_bytes: Option<ByteSize>,
     /// I/O path: `auto`, `io-uring` or `pread`.
@@ -317,9 +317,9 @@ impl Config {
         })
     }
 
-    /// Engine options for opening the vault.
-    pub fn engine_options(&self) -> Result<EngineOptions> {
-        self.engine_settings()?.engine_options()
+    /// Engine options for opening the vault in `vault`.
+    pub fn engine_options(&self, vault: &Path) -> Result<EngineOptions> {
+        self.engine_settings()?.engine_options(vault, self.max_sessions)
     }
 
     /// Sampling parameters for a request that set none, before per-request overrides.

@@ -22,7 +22,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         PrefillMode::LayerMajor => args.engine.chunk_size,
         PrefillMode::Serial => 1,
     };
-    let opts = EngineSettings::from(&args.engine).engine_options()?;
+    let opts = EngineSettings::from(&args.engine).engine_options(&args.vault, 1)?;
     let (engine, mut fwd) =
         Executor::open(&args.vault, &opts, args.engine.backend, args.engine.device, rows)?;
     let model = Arc::clone(&engine.model);

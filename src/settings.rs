@@ -1,17 +1,20 @@
 //! Settings shared by the command line and the `serve` config file: one table of
-//! ranges, one validation and one conversion to engine options, so that a flag and the
-//! config key of the same name accept exactly the same values and fail with the same
-//! message (naming both spellings and the allowed range). Sizes take units
-//! ([`ByteSize`]).
+//! ranges, one validation and one conversion to engine options (with the default ring
+//! sized from the memory available), so that a flag and the config key of the same name
+//! accept exactly the same values and fail with the same message (naming both spellings
+//! and the allowed range). Sizes take units ([`ByteSize`]).
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::Backend;
+use smoe_actors::ring::budget::{self, RingBudget, RingNeeds};
 use smoe_actors::streamer::{IoChoice, StreamerOptions};
+use smoe_actors::vault::read_manifest;
 
 use crate::cli::EngineArgs;
 
@@ -189,19 +192,50 @@ impl EngineSettings {
         Ok(())
     }
 
-    /// Engine options (validated first).
-    pub fn engine_options(&self) -> Result<EngineOptions> {
+    /// Engine options (validated first) for the vault in `vault`, whose KV caches are
+    /// kept for `sessions` sessions. Without `ring_slots` or `ring_bytes` the ring is
+    /// sized from the memory available ([`RingBudget`]; the arithmetic is logged), and
+    /// refused when not even one slot fits.
+    pub fn engine_options(&self, vault: &Path, sessions: usize) -> Result<EngineOptions> {
         self.validate()?;
         let ring = match (self.ring_slots, self.ring_bytes) {
             (Some(n), _) => RingSize::Slots(n),
             (None, Some(b)) => RingSize::Bytes(b.0),
-            (None, None) => RingSize::Bytes(DEFAULT_RING_BYTES),
+            (None, None) => self.default_ring(vault, sessions)?,
         };
         Ok(EngineOptions {
             max_context: self.max_context,
             ring,
             streamer: StreamerOptions { io: self.io, queue_depth: self.queue_depth, fault: None },
         })
+    }
+
+    /// The default ring: what the memory available leaves beside the resident tensors,
+    /// the KV caches and a margin (on Vulkan at most [`DEFAULT_RING_BYTES`], a common
+    /// largest single device allocation).
+    fn default_ring(&self, vault: &Path, sessions: usize) -> Result<RingSize> {
+        let Some(available) = budget::available(Path::new("/")) else {
+            tracing::warn!(
+                "cannot tell how much memory is available: the ring gets {DEFAULT_RING_BYTES} bytes"
+            );
+            return Ok(RingSize::Bytes(DEFAULT_RING_BYTES));
+        };
+        let manifest = read_manifest(vault)?;
+        let needs = RingNeeds::of(&manifest, self.max_context, sessions);
+        let cap = (self.backend == Backend::Vulkan).then_some(DEFAULT_RING_BYTES);
+        let plan = RingBudget::plan(needs, available, cap);
+        if plan.slots == 0 {
+            bail!(
+                "not enough memory for the expert ring, which needs at least one slot of {} bytes: {plan}; free \
+                 memory, lower {} or the sessions kept, or set {} / {} to size the ring yourself",
+                needs.slot_bytes,
+                name("max_context"),
+                name("ring_slots"),
+                name("ring_bytes")
+            );
+        }
+        tracing::info!("ring sized from the memory available: {plan}");
+        Ok(RingSize::Slots(plan.slots))
     }
 }
 

@@ -455,3 +455,54 @@ fn check_reads_everything_and_names_every_fault() {
     );
     assert!(err.contains("1 of 30 resident tensors and 1 of 24 expert blobs do not match"), "{err}");
 }
+
+/// `generate` on `vault` with `RUST_LOG=info`, under an address-space limit if given.
+fn generate_logged(vault: &Path, address_space: Option<u64>) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_smoe-pipeline"));
+    cmd.args([
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "2",
+        "--json",
+    ]);
+    cmd.env("RUST_LOG", "smoe_pipeline=info");
+    if let Some(limit) = address_space {
+        // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                if libc::setrlimit(libc::RLIMIT_AS, &r) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn the_default_ring_follows_the_memory_available() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let out = generate_logged(&vault, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("ring sized from the memory available: "), "{err}");
+    assert!(
+        err.contains("resident tensors") && err.contains("KV cache") && err.contains("24 of 24 slots"),
+        "{err}"
+    );
+    // Under a 300 MiB address-space limit not even the margin fits: a clear refusal.
+    let out = generate_logged(&vault, Some(300 << 20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not enough memory for the expert ring") && err.contains("RLIMIT_AS"), "{err}");
+    assert!(err.contains("`ring_slots` (--ring-slots)"), "{err}");
+}

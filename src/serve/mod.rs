@@ -23,6 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use kameo::actor::Spawn;
 use smoe_actors::executor::Executor;
+use smoe_actors::ring::budget::kv_cache_bytes;
 use smoe_actors::scheduler::{CancelAll, Drain, Scheduler, SchedulerOptions};
 use tokio::sync::watch;
 
@@ -72,7 +73,7 @@ async fn serve(config: Config) -> Result<()> {
     }
     let (engine, executor) = Executor::open(
         &vault,
-        &config.engine_options()?,
+        &config.engine_options(&vault)?,
         config.backend_kind()?,
         config.device,
         config.chunk_size,
@@ -111,8 +112,7 @@ async fn serve(config: Config) -> Result<()> {
         config.spec_depth,
         template.origin
     );
-    let kv_bytes =
-        engine.model.max_context * cfg.kv_dim() * cfg.num_hidden_layers * 2 * std::mem::size_of::<f32>();
+    let kv_bytes = kv_cache_bytes(cfg, engine.model.max_context) as usize;
     tracing::info!(
         "KV cache: {:.1} MiB per session at max_context, up to {} sessions ({:.1} MiB)",
         kv_bytes as f64 / (1 << 20) as f64,

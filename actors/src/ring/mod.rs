@@ -12,6 +12,7 @@
 //! * Nothing ever wipes the ring: expert weights are immutable, so a retained slot can
 //!   never be stale, across tokens, requests and sessions.
 
+pub mod budget;
 pub mod memory;
 pub mod slots;
 

@@ -66,25 +66,7 @@ impl Vault {
     pub fn open(dir: impl AsRef<Path>) -> Result<Vault, VaultError> {
         let dir = dir.as_ref().to_path_buf();
         let mpath = dir.join(MANIFEST_FILE);
-        let text = files::read_member(&dir, MANIFEST_FILE, files::MAX_METADATA_BYTES).map_err(|e| {
-            manifest_err(
-                &mpath,
-                format!("cannot read the vault manifest ({e}); is this a directory made by `smoe-pipeline convert`?"),
-            )
-        })?;
-        let version: serde_json::Value = serde_json::from_slice(&text)
-            .map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
-        let found = version.get("format_version").and_then(|v| v.as_u64());
-        match found {
-            Some(v) if v == FORMAT_VERSION as u64 => {}
-            Some(v) => {
-                return Err(VaultError::Version { file: mpath, found: v as u32, expected: FORMAT_VERSION })
-            }
-            None => return Err(manifest_err(&mpath, "missing `format_version`")),
-        }
-        let manifest: Manifest = serde_json::from_value(version)
-            .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
-        manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
+        let manifest = read_manifest(&dir)?;
         let layer_slot = check_expert_index(&mpath, &dir, &manifest)?;
 
         let rfile = files::open_member(&dir, &manifest.resident.file, 0)?;
@@ -184,6 +166,33 @@ impl Vault {
             crc32c: entry.crc32c,
         })
     }
+}
+
+/// Reads and parses the manifest of the vault in `dir`, checking its format version and
+/// model configuration (not the files it names: [`Vault::open`] does that).
+pub fn read_manifest(dir: &Path) -> Result<Manifest, VaultError> {
+    let mpath = dir.join(MANIFEST_FILE);
+    let text = files::read_member(dir, MANIFEST_FILE, files::MAX_METADATA_BYTES).map_err(|e| {
+        manifest_err(
+            &mpath,
+            format!(
+                "cannot read the vault manifest ({e}); is this a directory made by `smoe-pipeline convert`?"
+            ),
+        )
+    })?;
+    let version: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
+    match version.get("format_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == FORMAT_VERSION as u64 => {}
+        Some(v) => {
+            return Err(VaultError::Version { file: mpath, found: v as u32, expected: FORMAT_VERSION })
+        }
+        None => return Err(manifest_err(&mpath, "missing `format_version`")),
+    }
+    let manifest: Manifest = serde_json::from_value(version)
+        .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
+    manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
+    Ok(manifest)
 }
 
 /// Checks the expert index against the model and the layer files' sizes; returns the
