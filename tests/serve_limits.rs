@@ -74,17 +74,21 @@ fn extractor_and_route_errors_are_json() {
     api_error(&get(&d.url, "/v1/completions"), 405);
 }
 
+/// Flips a bit of every `every`-th byte of `file`, starting at its first.
+fn corrupt(file: &Path, every: usize) {
+    let mut bytes = std::fs::read(file).unwrap();
+    for b in bytes.iter_mut().step_by(every) {
+        *b ^= 0x40;
+    }
+    std::fs::write(file, bytes).unwrap();
+}
+
 #[test]
 fn engine_failures_keep_server_paths_out_of_responses() {
     let dir = tempfile::tempdir().unwrap();
     let vault = common::convert("moe_all", dir.path(), &[]);
     // Corrupt every expert blob of layer 0: the first request fails its read.
-    let file = vault.join("experts/layer_000.bin");
-    let mut bytes = std::fs::read(&file).unwrap();
-    for b in bytes.iter_mut().step_by(4096) {
-        *b ^= 0x40;
-    }
-    std::fs::write(&file, bytes).unwrap();
+    corrupt(&vault.join("experts/layer_000.bin"), 4096);
     let d = Daemon::start(&["--vault", vault.to_str().unwrap()], &[]);
     let r = post(&d.url, "/v1/completions", r#"{"model":"moe_all.vault","prompt":"Hello","max_tokens":2}"#);
     let e = api_error(&r, 500);
@@ -196,10 +200,7 @@ fn connections_over_the_limit_get_json_503() {
 fn a_corrupt_resident_tensor_found_in_the_background_stops_serving() {
     let dir = tempfile::tempdir().unwrap();
     let vault = common::convert("moe_all", dir.path(), &[]);
-    let file = vault.join("resident.bin");
-    let mut bytes = std::fs::read(&file).unwrap();
-    bytes[100] ^= 1;
-    std::fs::write(&file, bytes).unwrap();
+    corrupt(&vault.join("resident.bin"), usize::MAX);
     let d = start(&vault, &[]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while get(&d.url, "/health").status != 503 {
