@@ -17,6 +17,10 @@ use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// Largest context gain: beyond it the context dwarfs everything else in the residual
+/// stream for no gain in correlation.
+const MAX_GAIN: f64 = 200.0;
+
 /// Largest softmax sharpness the window may use: beyond it the score differences of
 /// neighbouring positions approach f32 rounding of the attention dot products.
 const MAX_SHARPNESS: f64 = 200.0;
@@ -198,7 +202,7 @@ pub fn solve(curves: &Curves, window: &Window, overlap: f64, coverage: f64, stro
             + q * q * Curves::at(table, rho * c2)
     };
     let w = &window.weights;
-    let rho_max = adjacent_correlation(w, 1e9);
+    let rho_max = adjacent_correlation(w, MAX_GAIN);
     let mut best: Option<(f64, Solution)> = None;
     for i in 0..=60 {
         let q = i as f64 / 100.0;
@@ -225,7 +229,7 @@ pub fn solve(curves: &Curves, window: &Window, overlap: f64, coverage: f64, stro
         }
     }
     let (_, mut s) = best.expect("the grid is not empty");
-    let (mut lo, mut hi) = (0.0f64, 1e6f64);
+    let (mut lo, mut hi) = (0.0f64, MAX_GAIN);
     for _ in 0..100 {
         let mid = 0.5 * (lo + hi);
         if adjacent_correlation(w, mid) < s.rho {

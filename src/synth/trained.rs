@@ -106,6 +106,7 @@ pub struct TrainedProfile {
     /// Query/key norm weight that gives the window its sharpness.
     qk_norm: f32,
     solution: Solution,
+    targets: Targets,
     /// Gate scale of the own and strong parts.
     scale_own: f32,
     scale_strong: f32,
@@ -182,12 +183,23 @@ impl TrainedProfile {
             layout,
             window,
             solution,
+            targets,
         })
     }
 
     /// What was designed, for the user.
     pub fn describe(&self) -> String {
         let s = &self.solution;
+        let t = &self.targets;
+        let missed = if (s.overlap - t.overlap).abs() + (s.coverage - t.coverage).abs() > 0.02 {
+            format!(
+                "\nwarning: overlap {:.1}% with coverage {:.1}% is out of this profile's reach; it aims at the closest pair above",
+                100.0 * t.overlap,
+                100.0 * t.coverage
+            )
+        } else {
+            String::new()
+        };
         format!(
             "trained routing: context window {:.1} positions (RoPE pairs {}..{}, sharpness {:.1}, {:.1e} of the \
              weight beyond 4 windows), context gain {:.2}, strong tokens {:.0}% of the vocabulary; predicted \
@@ -201,7 +213,7 @@ impl TrainedProfile {
             100.0 * s.strong_frac,
             100.0 * s.overlap,
             100.0 * s.coverage
-        )
+        ) + &missed
     }
 
     /// Embedding rows: the bias, the token's own direction, its strong direction (strong
