@@ -123,16 +123,20 @@ fn route_prompt(
 }
 
 /// Opens `vault` on the CPU reference and measures its routing on `prompts`.
-pub fn measure(vault: &Path, prompts: &[Vec<u32>], progress: &indicatif::ProgressBar) -> Result<RoutingStats> {
+pub fn measure(
+    vault: &Path,
+    prompts: &[Vec<u32>],
+    progress: &indicatif::ProgressBar,
+) -> Result<RoutingStats> {
     if prompts.is_empty() {
         bail!("no prompts to measure the routing on");
     }
     let probe = smoe_actors::vault::Vault::open(vault)?;
-    let layout = probe.expert_layout().clone();
+    let stride = probe.expert_layout().blob_stride;
     let cfg = probe.manifest().model.clone();
     drop(probe);
     let all = (cfg.moe_layers().len() * cfg.num_experts) as u64;
-    let ring = if all * layout.blob_stride <= RING_CAP {
+    let ring = if all * stride <= RING_CAP {
         RingSize::Slots(all as usize)
     } else {
         RingSize::Bytes(DEFAULT_RING_BYTES)
@@ -236,7 +240,11 @@ impl RoutingStats {
             .layers
             .iter()
             .map(|l| {
-                (l.layer.to_string(), [l.load_cv, l.load_max, l.load_min, l.overlap, l.coverage], l.unions.clone())
+                (
+                    l.layer.to_string(),
+                    [l.load_cv, l.load_max, l.load_min, l.overlap, l.coverage],
+                    l.unions.clone(),
+                )
             })
             .collect();
         let union_mean = (0..self.chunk_sizes.len())

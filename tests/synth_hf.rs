@@ -34,13 +34,16 @@ fn same_logits_through_hf(dir: &Path, extra: &[&str]) {
     hf_args.extend_from_slice(&["--format", "hf", "--shard-mb", "1"]);
     synth(&ckpt, &hf_args);
 
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(ckpt.join("config.json")).unwrap()).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["model_type"], "qwen3_moe");
     assert_eq!(config["num_experts"], 128);
     assert_eq!(config["rope_theta"], 1e6);
     let index: Value =
-        serde_json::from_str(&std::fs::read_to_string(ckpt.join("model.safetensors.index.json")).unwrap()).unwrap();
-    let mut shards: Vec<&str> = index["weight_map"].as_object().unwrap().values().map(|v| v.as_str().unwrap()).collect();
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
+    let mut shards: Vec<&str> =
+        index["weight_map"].as_object().unwrap().values().map(|v| v.as_str().unwrap()).collect();
     shards.sort_unstable();
     shards.dedup();
     let n = shards.len();

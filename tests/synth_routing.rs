@@ -19,8 +19,17 @@ const BAND: f64 = 0.10;
 const LOAD_CV: f64 = 0.30;
 
 fn synth(out: &Path, extra: &[&str]) {
-    let mut args =
-        vec!["synth", "--out", out.to_str().unwrap(), "--preset", "tiny-e128", "--layers", "2", "--seed", "7"];
+    let mut args = vec![
+        "synth",
+        "--out",
+        out.to_str().unwrap(),
+        "--preset",
+        "tiny-e128",
+        "--layers",
+        "2",
+        "--seed",
+        "7",
+    ];
     args.extend_from_slice(extra);
     run_ok(&args);
 }
@@ -28,7 +37,8 @@ fn synth(out: &Path, extra: &[&str]) {
 /// The per-layer statistics of `vault` on `prompts` random prompts of 256 tokens.
 fn stats(vault: &Path, prompts: usize) -> Vec<Value> {
     let n = prompts.to_string();
-    let out = run_ok(&["synth", "--stats", "--vault", vault.to_str().unwrap(), "--stats-prompts", &n, "--json"]);
+    let out =
+        run_ok(&["synth", "--stats", "--vault", vault.to_str().unwrap(), "--stats-prompts", &n, "--json"]);
     let v: Value = serde_json::from_str(&out).expect("--json prints one JSON object");
     assert_eq!(v["top_k"], 8);
     assert_eq!(v["tokens"], prompts * 256);
@@ -62,15 +72,27 @@ fn trained_routing_statistics_stay_in_their_bands() {
         }
         for (stat, target) in [("overlap", 0.30), ("coverage", 0.47)] {
             let got = f(&lc[stat]);
-            assert!((got - target).abs() <= BAND, "layer {layer}, custom targets: {stat} {got:.3}, target {target}");
+            assert!(
+                (got - target).abs() <= BAND,
+                "layer {layer}, custom targets: {stat} {got:.3}, target {target}"
+            );
         }
         let cv = f(&lt["load_cv"]);
         assert!(cv <= LOAD_CV, "layer {layer}: load CV {cv:.3} above {LOAD_CV}");
         assert!(f(&lt["load_min"]) > 0.0, "layer {layer}: an expert is never used");
         let (ut, uu) = (unions(lt), unions(lu));
-        assert!(ut.windows(2).all(|w| w[0] < w[1]), "layer {layer}: unions {ut:?} do not grow with the chunk");
-        assert!(ut.iter().zip(&uu).all(|(a, b)| a <= b), "layer {layer}: unions {ut:?} not below uniform's {uu:?}");
-        assert!(ut[0] < uu[0] - 10.0 && ut[1] < uu[1] - 10.0, "layer {layer}: unions {ut:?} vs uniform {uu:?}");
+        assert!(
+            ut.windows(2).all(|w| w[0] < w[1]),
+            "layer {layer}: unions {ut:?} do not grow with the chunk"
+        );
+        assert!(
+            ut.iter().zip(&uu).all(|(a, b)| a <= b),
+            "layer {layer}: unions {ut:?} not below uniform's {uu:?}"
+        );
+        assert!(
+            ut[0] < uu[0] - 10.0 && ut[1] < uu[1] - 10.0,
+            "layer {layer}: unions {ut:?} vs uniform {uu:?}"
+        );
         assert!(ut[1] > 32.0 && ut[1] < 0.85 * 128.0, "layer {layer}: a 64-token chunk touches {}", ut[1]);
         // Uniform routing has almost no token-to-token locality (8/128 by chance).
         assert!(f(&lu["overlap"]) < 0.2, "layer {layer}: uniform overlap {}", lu["overlap"]);

@@ -22,9 +22,8 @@ pub trait Shaper {
 /// The random generator of one tensor: its seed depends only on the model seed and the
 /// tensor's name, so every tensor can be drawn alone and in any order.
 fn tensor_rng(seed: u64, name: &str) -> ChaCha8Rng {
-    let tensor_seed = name
-        .bytes()
-        .fold(seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    let tensor_seed =
+        name.bytes().fold(seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
     ChaCha8Rng::seed_from_u64(tensor_seed)
 }
 

@@ -156,7 +156,7 @@ impl TrainedProfile {
         let solution = calibrate::solve(&curves, &window, targets.overlap, targets.coverage, STRONG_GAIN);
         let var = calibrate::input_variance(&window.weights, solution.gamma);
         let norm = |name: String| random_values(seed, &name, &[cfg.hidden_size]);
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7472_6169_6e65_64);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0074_7261_696e_6564);
         let own_dirs = frame(&mut rng, cfg.vocab_size, layout.own.len());
         let mut strong_index = vec![u32::MAX; cfg.vocab_size];
         let mut strong = 0u32;
