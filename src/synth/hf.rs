@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Map, Value};
 use smoe_proto::{DType, ModelConfig};
 
-use crate::vault_writer::{resident_tensors, TensorSource, TOKENIZER_FILES};
+use crate::vault_writer::{resident_tensors, TensorSource, VaultSpec, TOKENIZER_FILES};
 
 /// One tensor of the checkpoint.
 struct Entry {
@@ -155,38 +155,23 @@ fn write_json(path: &Path, v: &Value) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// What to write.
-pub struct HfSpec<'a> {
-    /// Checkpoint directory.
-    pub out: &'a Path,
-    /// The model.
-    pub cfg: &'a ModelConfig,
-    /// Element type of weight matrices.
-    pub dtype: DType,
-    /// Overwrite an existing checkpoint.
-    pub force: bool,
-    /// Directory to copy tokenizer files from.
-    pub tokenizer_dir: Option<&'a Path>,
-    /// Largest shard in bytes.
-    pub shard_bytes: u64,
-}
-
-/// Writes the checkpoint `spec` describes from `src`; returns the shard file names.
-pub fn write_hf(spec: &HfSpec<'_>, src: &mut dyn TensorSource) -> Result<Vec<String>> {
+/// Writes the checkpoint `spec` describes (into `spec.out`, in shards of at most
+/// `shard_bytes`) from `src`; returns the shard file names.
+pub fn write_hf(spec: &VaultSpec<'_>, shard_bytes: u64, src: &mut dyn TensorSource) -> Result<Vec<String>> {
     let out = spec.out;
     if out.join("config.json").exists() && !spec.force {
         bail!("{} already holds a checkpoint; pass --force to overwrite it", out.display());
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let entries = entries(spec.cfg, spec.dtype);
-    let groups = shards(&entries, spec.shard_bytes.max(1));
+    let groups = shards(&entries, shard_bytes.max(1));
     let names: Vec<String> = if groups.len() == 1 {
         vec!["model.safetensors".into()]
     } else {
         (1..=groups.len()).map(|i| format!("model-{i:05}-of-{:05}.safetensors", groups.len())).collect()
     };
     let total: u64 = entries.iter().map(Entry::bytes).sum();
-    let bar = ProgressBar::new(total).with_message("writing the checkpoint");
+    let bar = ProgressBar::new(total).with_message(spec.label.to_string());
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),

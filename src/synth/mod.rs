@@ -156,16 +156,16 @@ pub fn synth(opts: &SynthOptions) -> Result<String> {
         }
     };
     let mut src = RandomSource::new(opts.seed, profile.as_ref().map(|p| p as &dyn Shaper));
+    let spec = VaultSpec {
+        out: &opts.out,
+        cfg: &cfg,
+        dtype: opts.dtype,
+        force: opts.force,
+        tokenizer_dir: opts.tokenizer.as_deref(),
+        label: "synthesising",
+    };
     match opts.format {
         Format::Vault => {
-            let spec = VaultSpec {
-                out: &opts.out,
-                cfg: &cfg,
-                dtype: opts.dtype,
-                force: opts.force,
-                tokenizer_dir: opts.tokenizer.as_deref(),
-                label: "synthesising",
-            };
             let m = write_vault(&spec, &mut src)?;
             Ok(format!(
                 "wrote synthetic vault {} ({} layers, {} experts of {} bytes each)",
@@ -176,15 +176,7 @@ pub fn synth(opts: &SynthOptions) -> Result<String> {
             ))
         }
         Format::Hf { shard_bytes } => {
-            let spec = hf::HfSpec {
-                out: &opts.out,
-                cfg: &cfg,
-                dtype: opts.dtype,
-                force: opts.force,
-                tokenizer_dir: opts.tokenizer.as_deref(),
-                shard_bytes,
-            };
-            let shards = hf::write_hf(&spec, &mut src)?;
+            let shards = hf::write_hf(&spec, shard_bytes, &mut src)?;
             Ok(format!(
                 "wrote synthetic checkpoint {} ({} layers, {} safetensors file(s)); make a vault with \
                  `smoe-pipeline convert --hf {}`",

@@ -42,8 +42,8 @@ use super::random::{random_values, Shaper};
 /// windows drift more slowly: smaller unions per chunk at the same adjacent overlap.
 pub const WINDOW: f64 = 40.0;
 
-/// Variance of a strong token's own routing part relative to an ordinary token's
-/// router input.
+/// Standard deviation of a strong token's gate logits from its strong part, relative to
+/// an ordinary token's gate logits.
 const STRONG_GAIN: f64 = 3.0;
 
 /// Standard deviation of an ordinary token's gate logits at unit hidden RMS.
