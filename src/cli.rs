@@ -29,6 +29,20 @@ pub enum Command {
     Synth(SynthArgs),
     /// List the Vulkan devices (index for --device, memory heaps, key limits).
     Devices(DevicesArgs),
+    /// Show a GGUF file: metadata, tensors, and whether smoe-pipeline computes with
+    /// every tensor type in it.
+    GgufInfo(GgufInfoArgs),
+}
+
+/// Arguments of `gguf-info`.
+#[derive(Args, Debug)]
+pub struct GgufInfoArgs {
+    /// GGUF file; for a split model its first part (`*-00001-of-0000N.gguf`).
+    #[arg(long)]
+    pub gguf: PathBuf,
+    /// Also print the first values of this tensor's first row, dequantised.
+    #[arg(long)]
+    pub tensor: Option<String>,
 }
 
 /// Arguments of `synth`.

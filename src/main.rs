@@ -5,6 +5,7 @@ mod config;
 mod convert;
 mod devices;
 mod generate;
+mod gguf_info;
 mod routing_stats;
 mod serve;
 mod synth;
@@ -38,6 +39,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Verify(a) => verify::run(&a),
         Command::Synth(a) => synth::run(&a),
         Command::Devices(a) => devices::run(&a),
+        Command::GgufInfo(a) => gguf_info::run(&a),
     }
 }
 

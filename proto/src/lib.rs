@@ -4,6 +4,7 @@
 //! the names of the metrics it exports.
 
 pub mod error;
+pub mod ggml;
 pub mod handle;
 pub mod job;
 pub mod messages;
@@ -14,6 +15,7 @@ pub mod stats;
 pub mod vault_format;
 
 pub use error::VaultError;
+pub use ggml::GgmlType;
 pub use handle::{ExpertHandle, ExpertKey, ExpertSource, SlotOwner};
 pub use job::{FinishReason, GenerateStats, JobEvent, JobFailure};
 pub use messages::{ClaimEvent, ClaimInfo, ClaimTally, Priority, ReadRequest};

@@ -4,6 +4,7 @@
 //! so memory stays bounded whatever the checkpoint's size.
 
 pub mod checkpoint;
+pub mod gguf;
 pub mod hf_config;
 
 use std::path::PathBuf;

@@ -5,6 +5,8 @@
 
 pub mod kernels;
 mod kv;
+pub mod quant;
+pub mod quantize;
 
 use std::sync::Arc;
 

@@ -3,6 +3,7 @@
 //! vector with its set; the RoPE tables. Keyed by the tensor's place in the vault, so
 //! the backend needs no knowledge of the model's layer structure.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -47,9 +48,7 @@ impl DeviceModel {
     pub fn upload(ctx: &Arc<VulkanContext>, kernels: &Kernels, model: &Model) -> Result<Self, VulkanError> {
         let mut mats = HashMap::new();
         for r in model.matrices() {
-            if mats.contains_key(&r.key()) {
-                continue;
-            }
+            let Entry::Vacant(slot) = mats.entry(r.key()) else { continue };
             let w = DeviceWeight::upload(ctx, &model.w(r))?;
             let k = &kernels.f32.matvec;
             let sets = w
@@ -57,14 +56,14 @@ impl DeviceModel {
                 .iter()
                 .map(|rg| set0(ctx, k, std::slice::from_ref(&rg.bytes)))
                 .collect::<Result<_, _>>()?;
-            mats.insert(r.key(), BoundWeight { w, sets });
+            slot.insert(BoundWeight { w, sets });
         }
         let mut vecs = HashMap::new();
         for r in model.vectors() {
-            if !vecs.contains_key(&r.key()) {
+            if let Entry::Vacant(slot) = vecs.entry(r.key()) {
                 let b = upload_f32(ctx, model.vec(r))?;
                 let s = set0(ctx, &kernels.rmsnorm, std::slice::from_ref(&b))?;
-                vecs.insert(r.key(), (b, s));
+                slot.insert((b, s));
             }
         }
         Ok(DeviceModel {
