@@ -14,9 +14,10 @@ if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi
 
-# Python reference (transformers) to re-check the committed golden fixtures.
-if ! python3 -c "import torch, transformers, safetensors, tokenizers" 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check torch transformers safetensors tokenizers
+# Python reference (transformers) to re-check the committed golden fixtures; gguf and accelerate
+# let transformers load the GGUF fixtures (gguf-py also writes and dequantises them).
+if ! python3 -c "import torch, transformers, safetensors, tokenizers, gguf, accelerate" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check torch transformers safetensors tokenizers gguf accelerate
 fi
 # `serve` tests: the real openai Python client, and Debian's prometheus (the tests start
 # it themselves on loopback; the package does not run it as a service here).

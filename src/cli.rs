@@ -33,18 +33,32 @@ pub enum Command {
     Synth(SynthArgs),
     /// List the Vulkan devices (index for --device, memory heaps, key limits).
     Devices(DevicesArgs),
+    /// Show a GGUF file: metadata, tensors, and whether smoe-pipeline computes with
+    /// every tensor type in it.
+    GgufInfo(GgufInfoArgs),
+}
+
+/// Arguments of `gguf-info`.
+#[derive(Args, Debug)]
+pub struct GgufInfoArgs {
+    /// GGUF file; for a split model its first part (`*-00001-of-0000N.gguf`).
+    #[arg(long)]
+    pub gguf: PathBuf,
+    /// Also print the first values of this tensor's first row, dequantised.
+    #[arg(long)]
+    pub tensor: Option<String>,
 }
 
 /// Arguments of `synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Vault directory to write.
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Model shape: tiny, qwen3-30b-a3b or qwen3-235b-a22b.
-    #[arg(long)]
-    pub preset: String,
-    /// Keep only the first N layers (so the vault fits the disk at hand).
+    /// Directory to write: a vault, or with `--format hf` a HuggingFace checkpoint.
+    #[arg(long, required_unless_present = "vault")]
+    pub out: Option<PathBuf>,
+    /// Model shape: tiny, tiny-e128, qwen3-30b-a3b or qwen3-235b-a22b.
+    #[arg(long, required_unless_present = "vault")]
+    pub preset: Option<String>,
+    /// Keep only the first N layers (so the model fits the disk at hand).
     #[arg(long)]
     pub layers: Option<usize>,
     /// Random seed.
@@ -56,9 +70,66 @@ pub struct SynthArgs {
     /// Copy tokenizer files from this directory.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Overwrite an existing vault at --out.
+    /// Overwrite an existing vault or checkpoint at --out.
     #[arg(long)]
     pub force: bool,
+    /// How tokens route: uniform (independent random gates) or trained (load-balanced,
+    /// with token-to-token locality like a trained model; see README).
+    #[arg(long, value_enum, default_value_t = RoutingProfile::Uniform)]
+    pub routing: RoutingProfile,
+    /// Trained routing: target fraction of a token's top-k experts the next token also
+    /// uses (default 0.46).
+    #[arg(long)]
+    pub overlap: Option<f64>,
+    /// Trained routing: target fraction of the next token's top-k within the current
+    /// token's top-2k (default 0.64).
+    #[arg(long)]
+    pub coverage: Option<f64>,
+    /// What to write: a vault, or a HuggingFace checkpoint directory (for `convert --hf`
+    /// and other engines' converters).
+    #[arg(long, value_enum, default_value_t = SynthFormat::Vault)]
+    pub format: SynthFormat,
+    /// With --format hf: largest safetensors shard in MB.
+    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub shard_mb: u64,
+    /// Measure the routing (load spread, adjacent overlap, coverage, chunk unions) of the
+    /// vault just written, or of --vault.
+    #[arg(long)]
+    pub stats: bool,
+    /// With --stats: measure this vault instead of writing one.
+    #[arg(long, requires = "stats", conflicts_with_all = ["out", "preset"])]
+    pub vault: Option<PathBuf>,
+    /// With --stats: prompts, one per line (a JSON array of token ids, or text tokenized
+    /// with the vault's tokenizer); default: random token ids.
+    #[arg(long, requires = "stats")]
+    pub prompts: Option<PathBuf>,
+    /// With --stats and no --prompts: how many random prompts.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stats_prompts: u64,
+    /// With --stats and no --prompts: tokens per random prompt.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(2..))]
+    pub stats_len: u64,
+    /// With --stats: print the statistics as one JSON object instead of a table.
+    #[arg(long, requires = "stats")]
+    pub json: bool,
+}
+
+/// How a synthetic model routes (`synth --routing`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutingProfile {
+    /// Independent random router gates and embeddings.
+    Uniform,
+    /// Weights built for a trained model's routing statistics.
+    Trained,
+}
+
+/// What `synth` writes (`synth --format`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthFormat {
+    /// A vault, ready to run.
+    Vault,
+    /// A HuggingFace checkpoint directory.
+    Hf,
 }
 
 /// Arguments of `verify`.
@@ -86,7 +157,7 @@ pub struct VerifyArgs {
     pub io: smoe_actors::streamer::IoChoice,
     /// Compute backend to check: cpu or vulkan (both paths run on it).
     #[arg(long, default_value = "cpu")]
-    pub backend: smoe_actors::executor::Backend,
+    pub backend: smoe_actors::executor::BackendKind,
     /// Vulkan device index.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
@@ -201,7 +272,7 @@ pub struct EngineArgs {
     pub spec_depth: usize,
     /// Compute backend: cpu (the reference) or vulkan.
     #[arg(long, default_value = "cpu")]
-    pub backend: smoe_actors::executor::Backend,
+    pub backend: smoe_actors::executor::BackendKind,
     /// Vulkan device index (see `smoe-pipeline devices`).
     #[arg(long, default_value_t = 0)]
     pub device: usize,

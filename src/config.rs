@@ -240,7 +240,7 @@ impl Config {
     }
 
     /// The compute backend; the error names the key.
-    pub fn backend_kind(&self) -> Result<smoe_actors::executor::Backend> {
+    pub fn backend_kind(&self) -> Result<smoe_actors::executor::BackendKind> {
         self.backend.parse().map_err(|e| anyhow!("invalid config: `backend`: {e}"))
     }
 

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
+use smoe_actors::contract::ForwardPass;
 use smoe_actors::executor::Executor;
-use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::generation::{generate, GenerateRequest};
-use smoe_actors::ring::slots::STATE_NAMES;
 use smoe_actors::sampler::SamplingParams;
+use smoe_proto::stats::SLOT_STATES;
 
 use crate::cli::{GenerateArgs, PrefillMode};
 use crate::settings::EngineSettings;
@@ -38,13 +38,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty: give at least one token");
     }
-    let vocab = model.cfg.vocab_size;
-    if let Some(id) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        bail!(
-            "--prompt-ids: token id {id} is out of the vocabulary (the model has {vocab} tokens, ids 0..{})",
-            vocab - 1
-        );
-    }
+    model.check_tokens(&prompt).map_err(|e| anyhow::anyhow!("--prompt-ids: {e}"))?;
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -100,7 +94,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     // The resident checksums were verified in the background meanwhile.
     engine.vault.resident_check().wait()?;
     if let Some(path) = &args.logits_out {
-        write_logits(path, &logits_rows, ids.len(), vocab)?;
+        write_logits(path, &logits_rows, ids.len(), model.cfg.vocab_size)?;
     }
     if let Some(path) = &args.trace_out {
         write_trace(path, &fwd.take_trace())?;
@@ -110,7 +104,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let union_mean = if all.is_empty() { 0.0 } else { all.iter().sum::<usize>() as f64 / all.len() as f64 };
     let union_max = all.iter().copied().max().unwrap_or(0);
     let slot_states: serde_json::Map<String, serde_json::Value> =
-        STATE_NAMES.iter().zip(ring.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
+        SLOT_STATES.iter().zip(ring.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
     let text = match &detok {
         Some(d) => d.text()?,
         None => String::new(),
@@ -161,7 +155,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 }
 
 /// Writes one JSON line per expert claim.
-fn write_trace(path: &Path, events: &[smoe_actors::forward::ClaimEvent]) -> Result<()> {
+fn write_trace(path: &Path, events: &[smoe_proto::ClaimEvent]) -> Result<()> {
     let mut text = String::new();
     for e in events {
         text.push_str(&serde_json::to_string(e)?);

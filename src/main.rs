@@ -7,6 +7,8 @@ mod config;
 mod convert;
 mod devices;
 mod generate;
+mod gguf_info;
+mod routing_stats;
 mod serve;
 mod settings;
 mod synth;
@@ -39,27 +41,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(a) => serve::run(&a),
         Command::Verify(a) => verify::run(&a),
         Command::Check(a) => check::run(&a),
-        Command::Synth(a) => {
-            let opts = synth::SynthOptions {
-                out: a.out,
-                preset: a.preset,
-                layers: a.layers,
-                seed: a.seed,
-                dtype: smoe_actors::vault::parse_dtype(&a.dtype).unwrap_or(smoe_proto::DType::Bf16),
-                tokenizer: a.tokenizer,
-                force: a.force,
-            };
-            let m = synth::synth(&opts)?;
-            eprintln!(
-                "wrote synthetic vault {} ({} layers, {} experts of {} bytes each)",
-                opts.out.display(),
-                m.model.num_hidden_layers,
-                m.experts.layers.len() * m.model.num_experts,
-                m.experts.layout.blob_len
-            );
-            Ok(())
-        }
+        Command::Synth(a) => synth::run(&a),
         Command::Devices(a) => devices::run(&a),
+        Command::GgufInfo(a) => gguf_info::run(&a),
     }
 }
 

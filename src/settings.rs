@@ -11,7 +11,7 @@ use std::str::FromStr;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
-use smoe_actors::executor::Backend;
+use smoe_actors::executor::BackendKind;
 use smoe_actors::ring::budget::{self, RingBudget, RingNeeds};
 use smoe_actors::streamer::{IoChoice, StreamerOptions};
 use smoe_actors::vault::read_manifest;
@@ -167,7 +167,7 @@ pub struct EngineSettings {
     /// Speculative gate ranks per decode token.
     pub spec_depth: usize,
     /// Compute backend.
-    pub backend: Backend,
+    pub backend: BackendKind,
     /// Vulkan device index.
     pub device: usize,
 }
@@ -222,7 +222,7 @@ impl EngineSettings {
         };
         let manifest = read_manifest(vault)?;
         let needs = RingNeeds::of(&manifest, self.max_context, sessions);
-        let cap = (self.backend == Backend::Vulkan).then_some(DEFAULT_RING_BYTES);
+        let cap = (self.backend == BackendKind::Vulkan).then_some(DEFAULT_RING_BYTES);
         let plan = RingBudget::plan(needs, available, cap);
         if plan.slots == 0 {
             bail!(

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
+use smoe_actors::contract::ForwardPass;
 use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::Executor;
-use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::StreamerOptions;
@@ -63,7 +63,9 @@ fn default_prompts(chunks: &[usize], vocab: usize) -> Vec<Vec<u32>> {
     lens.into_iter().map(|n| (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()).collect()
 }
 
-fn read_prompts(path: &Path, vault: &Path) -> Result<Vec<Vec<u32>>> {
+/// Reads a prompt file: one prompt per line, a JSON array of token ids or text
+/// (tokenized with `vault`'s tokenizer).
+pub(crate) fn read_prompts(path: &Path, vault: &Path) -> Result<Vec<Vec<u32>>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut tok = None;
     let mut out = Vec::new();
@@ -111,11 +113,7 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
     let (engine, mut serial) = Executor::open(&args.vault, &opts, args.backend, args.device, 1)?;
     let mut layer_major = Vec::new();
     for &chunk in &args.chunk_sizes {
-        layer_major.push(match &serial {
-            Executor::Cpu(_) => Executor::Cpu(Box::new(engine.forward(chunk))),
-            #[cfg(feature = "vulkan")]
-            Executor::Vulkan(_) => Executor::open(&args.vault, &opts, args.backend, args.device, chunk)?.1,
-        });
+        layer_major.push(serial.sibling(&engine, chunk)?);
     }
     if engine.model.max_context < longest + args.tokens {
         bail!(

@@ -3,22 +3,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
-
-/// Copies fixture `name` into `dir` and returns the copy's path.
-fn copy_fixture(name: &str, dir: &Path) -> PathBuf {
-    let dst = dir.join(name);
-    std::fs::create_dir_all(&dst).unwrap();
-    for e in std::fs::read_dir(fixture(name)).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
-    }
-    dst
-}
 
 /// Rewrites `dir/model.safetensors`, letting `edit` replace, drop or keep each tensor.
 fn rewrite_tensors(

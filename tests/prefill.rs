@@ -161,12 +161,14 @@ fn speculative_prefetch_never_changes_ids_or_logits() {
 fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
     use std::cell::Cell;
 
+    use smoe_actors::contract::KvState;
+    use smoe_actors::cpu::KvCache;
     use smoe_actors::engine::{Engine, EngineOptions, RingSize};
-    use smoe_actors::forward::KvCache;
-    use smoe_actors::generation::{generate, FinishReason, GenerateRequest};
+    use smoe_actors::generation::{generate, GenerateRequest};
     use smoe_actors::ring::memory::HostAllocator;
     use smoe_actors::sampler::SamplingParams;
     use smoe_actors::streamer::StreamerOptions;
+    use smoe_proto::FinishReason;
 
     let dir = tempfile::tempdir().unwrap();
     let vault = convert("moe_all", dir.path(), &[]);
@@ -175,7 +177,7 @@ fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
     let opts =
         EngineOptions { max_context: 256, ring: RingSize::Slots(64), streamer: StreamerOptions::default() };
     let engine = Engine::open(&vault, &opts, &HostAllocator).unwrap();
-    let mut fwd = engine.forward(4);
+    let mut fwd = smoe_actors::executor::cpu_pass(&engine, 4);
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_tokens: greedy.len(),

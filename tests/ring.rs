@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use common::*;
 use rand::{Rng, SeedableRng};
+use smoe_actors::contract::ForwardPass;
+use smoe_actors::cpu::KvCache;
 use smoe_actors::engine::{Engine, EngineOptions, RingSize};
-use smoe_actors::forward::KvCache;
 use smoe_actors::generation::GenerateRequest;
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::ring::slots::{CONSUMED, EMPTY, LOADING, READY};
@@ -32,7 +33,7 @@ fn open(vault: &Path, slots: usize, io: IoChoice, fault: Option<Arc<FaultInjecto
 }
 
 fn greedy(engine: &Engine, prompt: &[u32], n: usize) -> Result<Vec<u32>, String> {
-    let mut fwd = engine.forward(1);
+    let mut fwd = smoe_actors::executor::cpu_pass(engine, 1);
     let mut kv = KvCache::new(&engine.model);
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
@@ -235,7 +236,7 @@ fn trace_replays_through_a_plain_lru_with_exact_byte_accounting() {
 
 /// The first expert the engine claims for `prompt` (from a clean run's trace).
 fn first_claimed(engine: &Engine, prompt: &[u32]) -> ExpertKey {
-    let mut fwd = engine.forward(1);
+    let mut fwd = smoe_actors::executor::cpu_pass(engine, 1);
     fwd.enable_trace();
     let mut kv = KvCache::new(&engine.model);
     fwd.forward(&mut kv, &prompt[..1], false).unwrap();

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use rand::{Rng, SeedableRng};
 use smoe_actors::model::{FfnRefs, Model};
-use smoe_actors::router::{GateInput, RouteJob, Router};
+use smoe_actors::router::Router;
 use smoe_actors::vault::Vault;
-use smoe_proto::{ExpertHandle, ExpertKey, ExpertSource, VaultError};
+use smoe_proto::{ExpertHandle, ExpertKey, ExpertSource, GateInput, RouteJob, VaultError};
 
 /// What the router asked of the expert source.
 #[derive(Default)]
@@ -63,11 +63,23 @@ fn router_for(model: &Arc<Model>, rows: usize, source: &Arc<Recorder>) -> Router
     Router::spawn(model.clone(), source.clone(), job)
 }
 
-fn gate(model: &Model, layer: usize) -> GateInput {
-    match &model.layers[layer].ffn {
-        FfnRefs::Moe { router } => GateInput::Hidden(router.clone()),
-        FfnRefs::Dense { .. } => panic!("layer {layer} of moe_all is MoE"),
-    }
+/// Routes `rows` tokens of MoE layer `layer` whose normalised hidden rows `fill` writes
+/// (the router computes the gate), with `bets` decode bets.
+fn route<'r>(
+    router: &'r mut Router,
+    model: &Model,
+    layer: usize,
+    rows: usize,
+    bets: usize,
+    fill: impl FnOnce(&mut [f32]),
+) -> &'r mut RouteJob {
+    assert!(matches!(model.layers[layer].ffn, FfnRefs::Moe { .. }), "layer {layer} of moe_all is MoE");
+    let job = router.job_mut().expect("router runs");
+    job.request(layer, rows, GateInput::Hidden, bets);
+    let plane = job.hidden_mut();
+    plane.resize(rows * model.cfg.hidden_size, 0.0);
+    fill(plane);
+    router.route().unwrap()
 }
 
 #[test]
@@ -80,22 +92,13 @@ fn a_block_routes_exactly_as_its_tokens_one_by_one() {
 
     let source = Recorder::new(usize::MAX);
     let mut router = router_for(&model, m, &source);
-    let block = router
-        .route(|job| {
-            job.request(layer, m, gate(&model, layer), 4);
-            job.hidden_mut()[..m * h].copy_from_slice(&rows);
-        })
-        .unwrap();
+    let block = route(&mut router, &model, layer, m, 4, |p| p.copy_from_slice(&rows));
 
     // The same tokens routed one at a time give bitwise the same experts and weights.
     let mut singles = router_for(&model, 1, &source);
     for t in 0..m {
-        let single = singles
-            .route(|job| {
-                job.request(layer, 1, gate(&model, layer), 0);
-                job.hidden_mut()[..h].copy_from_slice(&rows[t * h..(t + 1) * h]);
-            })
-            .unwrap();
+        let single =
+            route(&mut singles, &model, layer, 1, 0, |p| p.copy_from_slice(&rows[t * h..(t + 1) * h]));
         assert_eq!(single.topk_experts(), &block.topk_experts()[t * k..(t + 1) * k], "token {t}");
         let bits = |w: &[f32]| w.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(single.topk_weights()), bits(&block.topk_weights()[t * k..(t + 1) * k]), "token {t}");
@@ -119,10 +122,8 @@ fn a_block_routes_exactly_as_its_tokens_one_by_one() {
     let want: Vec<ExpertKey> = block.union().iter().map(|&e| ExpertKey::new(layer, e as usize)).collect();
     assert_eq!(block_announced, &want[..]);
     assert_eq!(block.announced(), block.union().len());
-    drop(calls);
-    block.place_bets(source.as_ref());
-    let calls = source.calls.lock().unwrap();
-    assert!(calls.bets.is_empty(), "bets were placed for a block: {:?}", calls.bets);
+    assert!(block.bets().is_empty(), "a block has bets: {:?}", block.bets());
+    assert!(calls.bets.is_empty(), "routing placed bets: {:?}", calls.bets);
 }
 
 #[test]
@@ -134,12 +135,9 @@ fn announcing_stops_at_the_first_refusal_and_decode_bets_are_the_next_ranks() {
 
     let source = Recorder::new(2);
     let mut router = router_for(&model, m, &source);
-    let job = router
-        .route(|job| {
-            job.request(layer, m, gate(&model, layer), 0);
-            job.hidden_mut()[..m * h].iter_mut().for_each(|x| *x = rng.random_range(-2.0f32..2.0));
-        })
-        .unwrap();
+    let job = route(&mut router, &model, layer, m, 0, |p| {
+        p.iter_mut().for_each(|x| *x = rng.random_range(-2.0f32..2.0))
+    });
     assert!(job.union().len() > 3, "the block should touch several experts");
     assert_eq!(job.announced(), 2);
     // The refused third announcement is the last one made.
@@ -150,22 +148,18 @@ fn announcing_stops_at_the_first_refusal_and_decode_bets_are_the_next_ranks() {
     let source = Recorder::new(usize::MAX);
     let x: Vec<f32> = (0..h).map(|_| rng.random_range(-2.0f32..2.0)).collect();
     let mut routers: Vec<Router> = (0..3).map(|_| router_for(&model, 1, &source)).collect();
-    let mut jobs = routers.iter_mut().zip([0, 3, ne]).map(|(router, bets)| {
-        router
-            .route(|job| {
-                job.request(layer, 1, gate(&model, layer), bets);
-                job.hidden_mut()[..h].copy_from_slice(&x);
-            })
-            .unwrap()
-    });
+    let mut jobs = routers
+        .iter_mut()
+        .zip([0, 3, ne])
+        .map(|(router, bets)| route(router, &model, layer, 1, bets, |p| p.copy_from_slice(&x)));
     let (plain, deep, wide) = (jobs.next().unwrap(), jobs.next().unwrap(), jobs.next().unwrap());
     assert_eq!(plain.topk_experts(), deep.topk_experts());
     // Bets wait for the executor: routing alone queues none.
     assert!(source.calls.lock().unwrap().bets.is_empty(), "routing placed bets before the claims");
-    for job in [&plain, &deep, &wide] {
-        job.place_bets(source.as_ref());
-    }
-    let bets = source.calls.lock().unwrap().bets.clone();
+    let bets: Vec<ExpertKey> = [&plain, &deep, &wide]
+        .iter()
+        .flat_map(|job| job.bets().iter().map(|&e| ExpertKey::new(layer, e as usize)))
+        .collect();
     assert_eq!(bets.len(), 3 + (ne - k), "depth is capped at the experts beyond top-k");
     let ranks: Vec<u16> = bets[3..].iter().map(|key| key.expert).collect();
     assert_eq!(

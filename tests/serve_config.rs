@@ -115,10 +115,22 @@ fn missing_vault_is_a_clean_error() {
 
 /// `GET path` over plain HTTP/1.1; returns the body.
 fn get(url: &str, path: &str) -> String {
+    request(url, "GET", path, "")
+}
+
+/// `method path` with the JSON `body` (none when empty) over plain HTTP/1.1; asserts
+/// status 200 and returns the response body.
+fn request(url: &str, method: &str, path: &str, body: &str) -> String {
     let addr = url.trim_start_matches("http://");
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(c, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let content = if body.is_empty() {
+        String::new()
+    } else {
+        format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len())
+    };
+    write!(c, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{content}Connection: close\r\n\r\n{body}")
+        .unwrap();
     let mut resp = String::new();
     c.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
@@ -132,6 +144,14 @@ fn no_config_serves_the_demo_model() {
     let models = get(&d.url, "/v1/models");
     assert!(models.contains("smoe-demo-tiny-random") && models.contains("random-weight demo"), "{models}");
     assert!(d.log().contains("tiny random-weight demo model"), "{}", d.log());
+    // It chats (the README's first request).
+    let body = r#"{"model": "smoe-demo-tiny-random", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}"#;
+    let reply: serde_json::Value =
+        serde_json::from_str(&request(&d.url, "POST", "/v1/chat/completions", body)).unwrap();
+    let choice = &reply["choices"][0];
+    assert!(choice["message"]["content"].is_string(), "{reply}");
+    assert!(["stop", "length"].contains(&choice["finish_reason"].as_str().unwrap()), "{reply}");
+    assert!(reply["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{reply}");
     let (status, _) = d.terminate(Duration::from_secs(30));
     assert!(status.success());
     // Second start: the vault made on the first is reused.
@@ -139,4 +159,27 @@ fn no_config_serves_the_demo_model() {
     assert!(!d.log().contains("first run"), "{}", d.log());
     assert!(get(&d.url, "/health").contains("\"ok\""));
     d.terminate(Duration::from_secs(30));
+}
+
+/// Production code embeds no test fixture (the demo model is built from `synth` and
+/// `assets/demo/`).
+#[test]
+fn the_binary_embeds_nothing_from_tests() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut todo = vec![repo.join("src"), repo.join("actors/src"), repo.join("proto/src")];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                // Unit tests (a `#[cfg(test)]` module at the end of a file) may.
+                for (i, line) in text.lines().enumerate().take_while(|(_, l)| l.trim() != "#[cfg(test)]") {
+                    let embeds = line.contains("include_bytes!(") || line.contains("include_str!(");
+                    assert!(!(embeds && line.contains("tests/")), "{}:{}: {line}", p.display(), i + 1);
+                }
+            }
+        }
+    }
 }

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
+use smoe_actors::contract::{ForwardPass, KvState};
 use smoe_actors::engine::{Engine, EngineOptions, RingSize};
-use smoe_actors::forward_pass::{ForwardPass, KvState};
 use smoe_actors::ring::memory::HostAllocator;
-use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanForward};
+use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanPass};
 
 /// Agreement required between the Vulkan and CPU logits (measured max: see README).
 const CPU_TOLERANCE: f32 = 1e-4;
@@ -58,10 +58,10 @@ fn max_diff(a: &[Vec<f32>], b: &[f32]) -> f32 {
     a.iter().flatten().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-fn open(ctx: &Arc<VulkanContext>, vault: &Path, slots: usize, max_rows: usize) -> (Engine, VulkanForward) {
+fn open(ctx: &Arc<VulkanContext>, vault: &Path, slots: usize, max_rows: usize) -> (Engine, VulkanPass) {
     let alloc = VulkanAllocator::new(ctx.clone());
     let engine = Engine::open(vault, &opts(slots), &alloc).unwrap();
-    let fwd = VulkanForward::for_engine(ctx.clone(), &alloc, &engine, max_rows).unwrap();
+    let fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, max_rows).unwrap();
     (engine, fwd)
 }
 
@@ -90,7 +90,8 @@ fn check_fixture(name: &str, convert_args: &[&str]) {
                 "{name} case {i}: layer-major (chunk {chunk}) logits are not byte-identical to serial"
             );
         }
-        let (_, cpu_rows) = run_greedy(&mut cpu.forward(1), prompt, greedy.len(), 1);
+        let (_, cpu_rows) =
+            run_greedy(&mut smoe_actors::executor::cpu_pass(&cpu, 1), prompt, greedy.len(), 1);
         let flat: Vec<f32> = cpu_rows.iter().flatten().copied().collect();
         let d = max_diff(&rows, &flat);
         worst_cpu = worst_cpu.max(d);

@@ -7,7 +7,7 @@ mod vulkan;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use smoe_actors::kernels;
+use smoe_actors::cpu::kernels;
 use smoe_actors::tensor::{WeightData, WeightView};
 use smoe_actors::vulkan::harness::{
     KernelHarness, MatmulArgs, MatmulTuning, Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER,

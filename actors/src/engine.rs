@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use smoe_proto::VaultError;
 
-use crate::forward::Forward;
 use crate::model::Model;
 use crate::ring::memory::SlotAllocator;
 use crate::ring::{RingCache, RingError, RingOptions};
@@ -86,10 +85,5 @@ impl Engine {
             &RingOptions { slots, streamer: opts.streamer.clone() },
         )?);
         Ok(Engine { vault, model, ring })
-    }
-
-    /// A forward pass over this engine for blocks of up to `max_rows` tokens.
-    pub fn forward(&self, max_rows: usize) -> Forward {
-        Forward::new(self.model.clone(), self.ring.clone(), max_rows)
     }
 }

@@ -2,15 +2,16 @@
 //! decode token by token, sampling each next token and handing it (with its logits)
 //! to the caller.
 //!
-//! Prefill runs every prompt token except the last through [`Forward::forward`] in
+//! Prefill runs every prompt token except the last through [`ForwardPass::forward`] in
 //! blocks of up to `max_rows` tokens (the chunk size; 1 is token-serial replay). The
 //! last prompt token goes through the ordinary decode step, so the LM head and the
 //! sampler run only where a token is emitted.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::forward::{ClaimTally, ForwardError};
-use crate::forward_pass::{ForwardPass, KvState};
+use smoe_proto::{FinishReason, GenerateStats};
+
+use crate::contract::{ForwardError, ForwardPass, KvState};
 use crate::sampler::{Sampler, SamplingParams};
 
 /// What to generate.
@@ -26,63 +27,6 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// Gate ranks beyond top-k queued as speculative prefetches during decode.
     pub spec_depth: usize,
-}
-
-/// Why generation stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// `max_tokens` reached.
-    Length,
-    /// An end-of-sequence token was generated.
-    Eos,
-    /// The caller asked to stop.
-    Stopped,
-}
-
-/// Timings and counts of one request.
-#[derive(Clone, Debug, Default)]
-pub struct GenerateStats {
-    /// Prompt tokens run through the model (the part not already in the KV cache).
-    pub prefill_tokens: usize,
-    /// Tokens generated.
-    pub generated_tokens: usize,
-    /// Time from the start until the first token was sampled.
-    pub ttft: Duration,
-    /// Time spent on the prompt tokens before the last one (the layer-major part).
-    pub prefill_time: Duration,
-    /// Time spent after the first token.
-    pub decode_time: Duration,
-    /// Expert claims during prefill (all prompt tokens but the last).
-    pub prefill_claims: ClaimTally,
-    /// Expert claims from the last prompt token on.
-    pub decode_claims: ClaimTally,
-    /// For each prefill chunk, the union size of every MoE layer (in layer order).
-    pub prefill_unions: Vec<Vec<usize>>,
-}
-
-impl GenerateStats {
-    /// Tokens decoded after the first one (the first comes out of prefill).
-    pub fn decode_tokens(&self) -> usize {
-        self.generated_tokens.saturating_sub(1)
-    }
-
-    /// Decode throughput in tokens per second.
-    pub fn decode_tok_s(&self) -> f64 {
-        rate(self.decode_tokens(), self.decode_time)
-    }
-
-    /// Prompt throughput in tokens per second, up to the first token.
-    pub fn prefill_tok_s(&self) -> f64 {
-        rate(self.prefill_tokens, self.ttft)
-    }
-}
-
-fn rate(n: usize, t: Duration) -> f64 {
-    if t.is_zero() {
-        0.0
-    } else {
-        n as f64 / t.as_secs_f64()
-    }
 }
 
 /// Runs `req`. `kv` may already hold a prefix of `req.prompt` (prefix reuse: its
@@ -101,14 +45,9 @@ pub fn generate<P: ForwardPass>(
 ) -> Result<(FinishReason, GenerateStats), ForwardError> {
     let start = Instant::now();
     let vocab = fwd.model().cfg.vocab_size;
-    if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ForwardError::TokenOutOfVocab { id, vocab });
-    }
+    fwd.model().check_tokens(&req.prompt)?;
     assert!(kv.len() < req.prompt.len(), "the KV cache must hold a strict prefix of the prompt");
-    let needed = req.prompt.len() + req.max_tokens.saturating_sub(1);
-    if needed > fwd.model().max_context {
-        return Err(ForwardError::ContextFull { needed, max: fwd.model().max_context });
-    }
+    fwd.model().check_context(req.prompt.len() + req.max_tokens.saturating_sub(1))?;
     let eos = fwd.model().cfg.eos_token_ids.clone();
     let moe_layers = fwd.model().cfg.moe_layers();
     let mut sampler = Sampler::new(req.sampling.clone(), vocab);

@@ -1,14 +1,17 @@
-//! The stages of smoe-pipeline: vault access, expert sources, the CPU reference
-//! kernels and forward pass, the router stage and sampling. Later stages (streamer, ring cache,
-//! scheduler, GPU executor) are actors built on these.
+//! The engine of smoe-pipeline. The five stages — [`scheduler`] (requests, sessions,
+//! chunking), [`router`] (gate, top-k, union), [`streamer`] (vault reads), [`ring`] (slot
+//! ownership, states, LRU) and [`executor`] (the model on a backend) — each live in one
+//! module. [`model`] holds the model definitions, written once over the operations of
+//! [`contract`]; [`cpu`] and [`vulkan`] are the backends, peers that never import each
+//! other.
 
 pub mod blob_check;
+pub mod contract;
+pub mod cpu;
 pub mod engine;
 pub mod executor;
-pub mod forward;
-pub mod forward_pass;
 pub mod generation;
-pub mod kernels;
+pub mod mailbox;
 pub mod model;
 pub mod ring;
 pub mod router;

@@ -34,3 +34,64 @@ pub struct ClaimInfo {
     /// True when the expert arrived through a speculative bet that this claim used.
     pub bet_used: bool,
 }
+
+/// Cumulative expert-claim accounting of one forward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ClaimTally {
+    /// Expert claims made.
+    pub claims: u64,
+    /// Claims that needed no read.
+    pub hits: u64,
+    /// Claims that needed a demand read.
+    pub misses: u64,
+    /// Bytes read on behalf of claims.
+    pub bytes: u64,
+}
+
+impl ClaimTally {
+    /// Counts one claim.
+    pub fn add(&mut self, info: ClaimInfo) {
+        self.claims += 1;
+        self.bytes += info.bytes;
+        if info.hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+    }
+
+    /// The change from `earlier` to `self`.
+    pub fn since(&self, earlier: &ClaimTally) -> ClaimTally {
+        ClaimTally {
+            claims: self.claims - earlier.claims,
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            bytes: self.bytes - earlier.bytes,
+        }
+    }
+}
+
+/// One expert claim, as recorded by `--trace-out`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ClaimEvent {
+    /// Position of the first token of the block that claimed the expert.
+    pub pos: usize,
+    /// Tokens in that block (1 in token-serial decode).
+    pub rows: usize,
+    /// Decoder layer.
+    pub layer: usize,
+    /// Expert index.
+    pub expert: usize,
+    /// Whether no read was issued on behalf of this claim.
+    pub hit: bool,
+    /// Bytes read on behalf of this claim.
+    pub bytes: u64,
+}
+
+impl ClaimEvent {
+    /// The event of claiming expert `expert` of `layer` for the block of `rows` tokens
+    /// starting at `pos`.
+    pub fn new(pos: usize, rows: usize, layer: usize, expert: usize, info: ClaimInfo) -> Self {
+        ClaimEvent { pos, rows, layer, expert, hit: info.hit, bytes: info.bytes }
+    }
+}

@@ -36,6 +36,63 @@ pub struct TensorInfo {
     pub end: usize,
 }
 
+/// Index of a sharded checkpoint: tensor name → shard file.
+const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The file of a single-file checkpoint.
+const SINGLE_FILE: &str = "model.safetensors";
+
+/// The safetensors files that hold the model in `dir`: the shards [`INDEX_FILE`] names
+/// (each must exist), else [`SINGLE_FILE`], else the `model-*.safetensors` shards.
+fn model_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join(INDEX_FILE);
+    if index.exists() {
+        let text =
+            std::fs::read_to_string(&index).with_context(|| format!("cannot read {}", index.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
+        let map = json.get("weight_map").and_then(|m| m.as_object()).with_context(|| {
+            format!("{}: field `weight_map` is missing or not an object", index.display())
+        })?;
+        let mut names: Vec<&str> = map
+            .values()
+            .map(|v| v.as_str())
+            .collect::<Option<_>>()
+            .with_context(|| format!("{}: `weight_map` values must be file names", index.display()))?;
+        names.sort_unstable();
+        names.dedup();
+        if names.is_empty() {
+            bail!("{}: `weight_map` is empty", index.display());
+        }
+        let files: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
+        if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+            bail!(
+                "{} names the shard {}, which is missing; download every shard the index lists",
+                index.display(),
+                missing.display()
+            );
+        }
+        return Ok(files);
+    }
+    let single = dir.join(SINGLE_FILE);
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model-") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    if files.is_empty() {
+        bail!("no {INDEX_FILE}, {SINGLE_FILE} or model-*.safetensors in {}", dir.display());
+    }
+    files.sort();
+    Ok(files)
+}
+
 /// An opened checkpoint directory.
 pub struct Checkpoint {
     /// Shard file paths.
@@ -46,38 +103,10 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens `dir`: `model.safetensors.index.json` when present, otherwise every
-    /// `*.safetensors` file in the directory.
+    /// Opens the checkpoint in `dir`: the files [`model_files`] picks. Other safetensors
+    /// files (`consolidated.safetensors`, adapters, ...) are not read.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
-        let index = dir.join("model.safetensors.index.json");
-        let mut shards: Vec<PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index)
-                .with_context(|| format!("cannot read {}", index.display()))?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not valid JSON", index.display()))?;
-            let map = json.get("weight_map").and_then(|m| m.as_object()).with_context(|| {
-                format!("{}: field `weight_map` is missing or not an object", index.display())
-            })?;
-            let mut files: Vec<PathBuf> =
-                map.values().map(|v| v.as_str().map(|s| dir.join(s))).collect::<Option<_>>().with_context(
-                    || format!("{}: `weight_map` values must be file names", index.display()),
-                )?;
-            files.sort();
-            files.dedup();
-            files
-        } else {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-                .with_context(|| format!("cannot list {}", dir.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                .collect();
-            files.sort();
-            files
-        };
-        if shards.is_empty() {
-            bail!("no *.safetensors files in {}", dir.display());
-        }
-        shards.dedup();
+        let shards = model_files(dir)?;
         let mut maps = Vec::with_capacity(shards.len());
         let mut tensors = BTreeMap::new();
         for (si, path) in shards.iter().enumerate() {
@@ -99,16 +128,20 @@ impl Checkpoint {
                     ),
                 };
                 let (s, e) = info.data_offsets;
-                tensors.insert(
-                    name.clone(),
-                    TensorInfo {
-                        shard: si,
-                        dtype,
-                        shape: info.shape.clone(),
-                        start: base + s,
-                        end: base + e,
-                    },
-                );
+                let t = TensorInfo {
+                    shard: si,
+                    dtype,
+                    shape: info.shape.clone(),
+                    start: base + s,
+                    end: base + e,
+                };
+                if let Some(first) = tensors.insert(name.clone(), t) {
+                    bail!(
+                        "tensor `{name}` is in two files of the checkpoint: {} and {}",
+                        shards[first.shard].display(),
+                        path.display()
+                    );
+                }
             }
             maps.push(map);
         }

@@ -4,6 +4,7 @@
 //! so memory stays bounded whatever the checkpoint's size.
 
 pub mod checkpoint;
+pub mod gguf;
 pub mod hf_config;
 
 use std::path::PathBuf;
@@ -81,6 +82,12 @@ impl TensorSource for CheckpointSource<'_> {
 pub fn convert(opts: &ConvertOptions) -> Result<Manifest> {
     let cfg = hf_config::read_model_config(&opts.hf)?;
     let ckpt = Checkpoint::open(&opts.hf)?;
+    let files: Vec<String> = ckpt
+        .shards
+        .iter()
+        .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
+        .collect();
+    eprintln!("reading the checkpoint {}: {}", opts.hf.display(), files.join(", "));
     let all_bf16 = ckpt.tensors.values().filter(|t| t.shape.len() == 2).all(|t| t.dtype == SrcDtype::Bf16);
     let dtype = opts.dtype.unwrap_or(if all_bf16 { DType::Bf16 } else { DType::F32 });
     let spec = VaultSpec {

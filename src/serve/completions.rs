@@ -200,7 +200,7 @@ fn plan(st: &AppState, adm: &Admission, body: &[u8], endpoint: Endpoint) -> Resu
 /// next prefill chunk or token.
 fn stream_response(
     st: Arc<AppState>,
-    events: mpsc::UnboundedReceiver<smoe_actors::scheduler::JobEvent>,
+    events: mpsc::UnboundedReceiver<smoe_proto::JobEvent>,
     stops: Vec<String>,
     shape: Shape,
     include_usage: bool,

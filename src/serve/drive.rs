@@ -2,8 +2,7 @@
 //! strings) handed to a sink, then an outcome with the finish reason and usage. Shared by
 //! streaming and non-streaming responses.
 
-use smoe_actors::generation::FinishReason;
-use smoe_actors::scheduler::{JobEvent, JobFailure};
+use smoe_proto::{FinishReason, JobEvent, JobFailure};
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 

@@ -1,7 +1,8 @@
 //! Prometheus metrics: the recorder (with explicit histogram buckets), descriptions of
 //! every metric the daemon and the engine export (all registered at start, so each
 //! series exists from the first scrape), the `/metrics` route and the per-request
-//! counter.
+//! counter. Metric names come from [`smoe_proto::metric_names`]; the engine sets the
+//! values (its ring publishes its gauges itself), so `/metrics` only renders.
 
 use std::sync::Arc;
 
@@ -12,13 +13,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use smoe_actors::ring::slots::STATE_NAMES;
-use smoe_actors::scheduler as sched;
+use smoe_proto::metric_names::*;
+use smoe_proto::stats::{IO_QUEUES, SLOT_STATES};
 
 use super::state::AppState;
-
-/// Counter: API requests by `endpoint` and HTTP `status`.
-pub const REQUESTS: &str = "smoe_requests_total";
 
 /// Buckets for time to first token (seconds).
 const TTFT_BUCKETS: &[f64] =
@@ -34,40 +32,32 @@ const UNION_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256
 
 /// Counters: (name, unit, help).
 const COUNTERS: &[(&str, Unit, &str)] = &[
-    ("smoe_ring_hits_total", Unit::Count, "Expert claims served from the ring without a read"),
-    ("smoe_ring_misses_total", Unit::Count, "Expert claims that needed a demand read"),
-    ("smoe_ring_evictions_total", Unit::Count, "Ring slots recycled for another expert"),
-    ("smoe_read_bytes_total", Unit::Bytes, "Bytes read from the vault (demand and speculative)"),
-    ("smoe_blob_reads_total", Unit::Count, "Expert blobs read from the vault"),
-    ("smoe_read_errors_total", Unit::Count, "Expert reads that failed"),
-    ("smoe_spec_bets_total", Unit::Count, "Speculative expert reads issued"),
-    ("smoe_spec_bets_used_total", Unit::Count, "Speculative expert reads later claimed"),
-    (
-        sched::PREFILL_TOKENS,
-        Unit::Count,
-        "Prompt tokens run through the model (suffix beyond the reused prefix)",
-    ),
-    (sched::DECODE_TOKENS, Unit::Count, "Tokens generated"),
-    (
-        sched::CACHED_PROMPT_TOKENS,
-        Unit::Count,
-        "Prompt tokens reused from a stored session instead of prefilled",
-    ),
+    (RING_HITS, Unit::Count, "Expert claims served from the ring without a read"),
+    (RING_MISSES, Unit::Count, "Expert claims that needed a demand read"),
+    (RING_EVICTIONS, Unit::Count, "Ring slots recycled for another expert"),
+    (READ_BYTES, Unit::Bytes, "Bytes read from the vault (demand and speculative)"),
+    (BLOB_READS, Unit::Count, "Expert blobs read from the vault"),
+    (READ_ERRORS, Unit::Count, "Expert reads that failed"),
+    (SPEC_BETS, Unit::Count, "Speculative expert reads issued"),
+    (SPEC_BETS_USED, Unit::Count, "Speculative expert reads later claimed"),
+    (PREFILL_TOKENS, Unit::Count, "Prompt tokens run through the model (suffix beyond the reused prefix)"),
+    (DECODE_TOKENS, Unit::Count, "Tokens generated"),
+    (CACHED_PROMPT_TOKENS, Unit::Count, "Prompt tokens reused from a stored session instead of prefilled"),
 ];
 
 /// Gauges without labels: (name, help).
 const GAUGES: &[(&str, &str)] = &[
-    (sched::QUEUE_LENGTH, "Requests waiting for the compute thread"),
-    (sched::ACTIVE_REQUESTS, "Requests being computed"),
-    (sched::SESSIONS, "Token streams stored for prefix reuse"),
+    (QUEUE_LENGTH, "Requests waiting for the compute thread"),
+    (ACTIVE_REQUESTS, "Requests being computed"),
+    (SESSIONS, "Token streams stored for prefix reuse"),
 ];
 
 /// Histograms: (name, unit, help, buckets).
 const HISTOGRAMS: &[(&str, Unit, &str, &[f64])] = &[
-    (sched::TTFT_SECONDS, Unit::Seconds, "Time from admission to the first generated token", TTFT_BUCKETS),
-    (sched::TOKEN_LATENCY_SECONDS, Unit::Seconds, "Time between consecutive generated tokens", TOKEN_BUCKETS),
-    ("smoe_read_latency_seconds", Unit::Seconds, "Latency of one expert blob read", READ_BUCKETS),
-    ("smoe_union_size", Unit::Count, "Distinct experts per MoE layer per prefill chunk", UNION_BUCKETS),
+    (TTFT_SECONDS, Unit::Seconds, "Time from admission to the first generated token", TTFT_BUCKETS),
+    (TOKEN_LATENCY_SECONDS, Unit::Seconds, "Time between consecutive generated tokens", TOKEN_BUCKETS),
+    (READ_LATENCY_SECONDS, Unit::Seconds, "Latency of one expert blob read", READ_BUCKETS),
+    (UNION_SIZE, Unit::Count, "Distinct experts per MoE layer per prefill chunk", UNION_BUCKETS),
 ];
 
 /// Installs the global recorder and registers every metric; returns the render handle.
@@ -87,25 +77,27 @@ pub fn install() -> Result<PrometheusHandle> {
         metrics::describe_gauge!(*name, *help);
         metrics::gauge!(*name).set(0.0);
     }
-    metrics::describe_gauge!("smoe_ring_slots", "Ring slots by state (empty, loading, ready, consumed)");
-    for state in STATE_NAMES {
-        metrics::gauge!("smoe_ring_slots", "state" => state).set(0.0);
+    metrics::describe_gauge!(RING_SLOTS, "Ring slots by state (empty, loading, ready, consumed)");
+    for state in SLOT_STATES {
+        metrics::gauge!(RING_SLOTS, LABEL_STATE => state).set(0.0);
     }
-    metrics::describe_gauge!("smoe_io_queue_depth", "Reads queued by queue (demand, speculative)");
+    metrics::describe_gauge!(IO_QUEUE_DEPTH, "Reads queued by queue (demand, speculative)");
+    for queue in IO_QUEUES {
+        metrics::gauge!(IO_QUEUE_DEPTH, LABEL_QUEUE => queue).set(0.0);
+    }
     for (name, unit, help, _) in HISTOGRAMS {
         metrics::describe_histogram!(*name, *unit, *help);
         let _ = metrics::histogram!(*name);
     }
     metrics::describe_counter!(REQUESTS, "API requests by endpoint and HTTP status");
     for endpoint in ["/v1/chat/completions", "/v1/completions"] {
-        metrics::counter!(REQUESTS, "endpoint" => endpoint, "status" => "200").increment(0);
+        metrics::counter!(REQUESTS, LABEL_ENDPOINT => endpoint, LABEL_STATUS => "200").increment(0);
     }
     Ok(handle)
 }
 
-/// `GET /metrics`: refreshes the ring gauges and renders every metric.
+/// `GET /metrics`: renders every metric.
 pub async fn render(State(st): State<Arc<AppState>>) -> Response {
-    st.ring.stats();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], st.metrics.render())
         .into_response()
 }
@@ -118,7 +110,7 @@ pub async fn count_requests(req: Request, next: Next) -> Response {
         None => "unmatched".to_string(),
     };
     let resp = next.run(req).await;
-    metrics::counter!(REQUESTS, "endpoint" => endpoint, "status" => resp.status().as_u16().to_string())
+    metrics::counter!(REQUESTS, LABEL_ENDPOINT => endpoint, LABEL_STATUS => resp.status().as_u16().to_string())
         .increment(1);
     resp
 }

@@ -32,7 +32,9 @@ use crate::config::Config;
 use crate::tokenizer;
 use state::{AppState, RequestDefaults, ServedModel};
 
-/// How often the ring gauges are refreshed and histograms are drained between scrapes.
+/// How often the engine publishes the ring's gauges (slots per state, queued reads).
+const GAUGES_EVERY: Duration = Duration::from_millis(500);
+/// How often histograms are drained between scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 /// How long to wait for connections to close after cancelling in-flight work.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
@@ -152,14 +154,13 @@ async fn serve(config: Config) -> Result<()> {
         },
         api_key: config.api_key.clone(),
         metrics: metrics.clone(),
-        ring: engine.ring.clone(),
     });
-    let ring = engine.ring.clone();
+    let _gauges =
+        engine.ring.publish_gauges(GAUGES_EVERY).context("cannot start the ring gauge publisher")?;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(UPKEEP_EVERY);
         loop {
             tick.tick().await;
-            ring.stats();
             metrics.run_upkeep();
         }
     });

@@ -1,10 +1,7 @@
 //! What every request handler shares.
 
-use std::sync::Arc;
-
 use kameo::actor::ActorRef;
 use metrics_exporter_prometheus::PrometheusHandle;
-use smoe_actors::ring::RingCache;
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::scheduler::Scheduler;
 use tokenizers::Tokenizer;
@@ -53,6 +50,4 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Renders `/metrics`.
     pub metrics: PrometheusHandle,
-    /// The ring, for its gauges.
-    pub ring: Arc<RingCache>,
 }

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use smoe_actors::forward::ForwardError;
-use smoe_actors::forward_pass::ForwardPass;
-use smoe_actors::generation::{generate, FinishReason, GenerateRequest, GenerateStats};
+use smoe_actors::contract::ForwardError;
+use smoe_actors::contract::ForwardPass;
+use smoe_actors::generation::{generate, GenerateRequest};
+use smoe_proto::{FinishReason, GenerateStats};
 
 /// Names of the golden fixtures made by `tests/fixtures/make_fixtures.py`.
 pub const FIXTURES: &[&str] = &["moe_all", "dense0_gqa", "bf16_sharded"];
@@ -16,6 +17,17 @@ pub const FIXTURES: &[&str] = &["moe_all", "dense0_gqa", "bf16_sharded"];
 /// Path of a fixture checkpoint directory.
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// Copies fixture `name` into `dir` and returns the copy's path.
+pub fn copy_fixture(name: &str, dir: &Path) -> PathBuf {
+    let dst = dir.join(name);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst
 }
 
 /// Runs the `smoe-pipeline` binary with `args`.

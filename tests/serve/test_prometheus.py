@@ -64,6 +64,17 @@ def test_traffic():
         t.join(timeout=60)
     m = metrics(BASE)
     assert m["smoe_ring_evictions_total"] > 0 and m["smoe_read_bytes_total"] > 0, m
+    # The engine publishes the ring's levels by itself: every one of the 6 slots shows in
+    # a state, the experts of the last token retained (ready or consumed), nothing queued.
+    states = ["empty", "loading", "ready", "consumed"]
+
+    def settled():
+        m = metrics(BASE)
+        slots = {s: m[f'smoe_ring_slots{{state="{s}"}}'] for s in states}
+        queued = [m[f'smoe_io_queue_depth{{queue="{q}"}}'] for q in ["demand", "speculative"]]
+        return sum(slots.values()) == 6 and slots["ready"] + slots["consumed"] > 0 and queued == [0, 0]
+
+    wait_until("the ring gauges to show the ring", settled, limit=10, step=0.2)
     # Let Prometheus scrape the counters after the traffic.
     time.sleep(4)
 

@@ -14,14 +14,23 @@
 
 pub mod budget;
 pub mod memory;
+mod publish;
 pub mod slots;
+
+pub use publish::GaugePublisher;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use smoe_proto::metric_names::{
+    BLOB_READS, READ_BYTES, READ_ERRORS, READ_LATENCY_SECONDS, RING_EVICTIONS, RING_HITS, RING_MISSES,
+    SPEC_BETS, SPEC_BETS_USED,
+};
+use smoe_proto::stats::SLOT_STATES;
 use smoe_proto::{
-    ClaimInfo, ExpertHandle, ExpertKey, ExpertSource, Priority, ReadRequest, SlotOwner, VaultError,
+    ClaimInfo, ExpertHandle, ExpertKey, ExpertSource, Priority, ReadRequest, RingSnapshot, SlotOwner,
+    VaultError,
 };
 
 use crate::streamer::{IoMode, LoadSink, Streamer, StreamerError, StreamerOptions};
@@ -31,31 +40,6 @@ use slots::*;
 
 /// No slot holds this key.
 const NO_SLOT: u32 = u32::MAX;
-
-/// Counters of a ring cache (monotonic since start, except `slots`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct RingStats {
-    /// Claims satisfied without a read on their behalf.
-    pub hits: u64,
-    /// Claims that needed a demand read.
-    pub misses: u64,
-    /// Idle slots recycled for another expert.
-    pub evictions: u64,
-    /// Bytes read from disk (demand and speculative).
-    pub bytes_read: u64,
-    /// Blobs read from disk (demand and speculative).
-    pub blob_reads: u64,
-    /// Speculative reads issued.
-    pub bets_issued: u64,
-    /// Speculative reads later claimed.
-    pub bets_used: u64,
-    /// Bytes read speculatively.
-    pub bet_bytes: u64,
-    /// Reads that failed (I/O error, short read, checksum).
-    pub read_errors: u64,
-    /// Slots per state: empty, loading, ready, consumed.
-    pub slots: [u64; 4],
-}
 
 #[derive(Default)]
 struct Counters {
@@ -167,7 +151,7 @@ impl Shared {
         let evicted = slot.transition(READY, EMPTY) || slot.transition(CONSUMED, EMPTY);
         if evicted {
             self.c.evictions.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("smoe_ring_evictions_total").increment(1);
+            metrics::counter!(RING_EVICTIONS).increment(1);
         }
         slot.key.store(pack(key), Ordering::Release);
         slot.failed_key.store(NO_KEY, Ordering::Release);
@@ -237,14 +221,14 @@ impl LoadSink for Shared {
 
     fn complete(&self, req: ReadRequest, result: Result<(), VaultError>, latency: Duration) {
         let slot = &self.slots[req.slot as usize];
-        metrics::histogram!("smoe_read_latency_seconds").record(latency.as_secs_f64());
+        metrics::histogram!(READ_LATENCY_SECONDS).record(latency.as_secs_f64());
         match result {
             Ok(()) => {
                 let n = self.blob_len as u64;
                 self.c.bytes_read.fetch_add(n, Ordering::Relaxed);
                 self.c.blob_reads.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("smoe_read_bytes_total").increment(n);
-                metrics::counter!("smoe_blob_reads_total").increment(1);
+                metrics::counter!(READ_BYTES).increment(n);
+                metrics::counter!(BLOB_READS).increment(1);
                 if req.priority == Priority::Speculative && slot.origin.load(Ordering::Acquire) == ORIGIN_BET
                 {
                     self.c.bet_bytes.fetch_add(n, Ordering::Relaxed);
@@ -254,7 +238,7 @@ impl LoadSink for Shared {
             Err(e) => {
                 tracing::error!("{e}");
                 self.c.read_errors.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("smoe_read_errors_total").increment(1);
+                metrics::counter!(READ_ERRORS).increment(1);
                 *slot.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 let g = self.lock_alloc();
                 self.lookup[self.index(req.key)].store(NO_SLOT, Ordering::Release);
@@ -359,21 +343,16 @@ impl RingCache {
         self.streamer.mode()
     }
 
-    /// A snapshot of the counters and slot states; also publishes the slot-state gauges.
-    pub fn stats(&self) -> RingStats {
+    /// A snapshot of the counters, the slot states and the streamer's queues.
+    pub fn stats(&self) -> RingSnapshot {
         let c = &self.shared.c;
         let mut slots = [0u64; 4];
         for s in &self.shared.slots {
             slots[s.state.load(Ordering::Relaxed) as usize] += 1;
         }
-        for (i, name) in STATE_NAMES.iter().enumerate() {
-            metrics::gauge!("smoe_ring_slots", "state" => *name).set(slots[i] as f64);
-        }
-        let (d, s) = self.streamer.queue_depths();
-        metrics::gauge!("smoe_io_queue_depth", "queue" => "demand").set(d as f64);
-        metrics::gauge!("smoe_io_queue_depth", "queue" => "speculative").set(s as f64);
+        let (demand, speculative) = self.streamer.queue_depths();
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        RingStats {
+        RingSnapshot {
             hits: r(&c.hits),
             misses: r(&c.misses),
             evictions: r(&c.evictions),
@@ -384,6 +363,7 @@ impl RingCache {
             bet_bytes: r(&c.bet_bytes),
             read_errors: r(&c.read_errors),
             slots,
+            io_queue_depth: [demand as u64, speculative as u64],
         }
     }
 
@@ -402,7 +382,7 @@ impl RingCache {
                 if state != EMPTY {
                     return Err(format!(
                         "slot {i} has no identity but state {}",
-                        STATE_NAMES[state as usize]
+                        SLOT_STATES[state as usize]
                     ));
                 }
                 continue;
@@ -447,7 +427,7 @@ impl RingCache {
         sh.assign(&g, idx, key, 0, ORIGIN_BET);
         drop(g);
         sh.c.bets_issued.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("smoe_spec_bets_total").increment(1);
+        metrics::counter!(SPEC_BETS).increment(1);
         self.streamer.submit(ReadRequest { slot: idx, key, priority: Priority::Speculative });
         true
     }
@@ -518,14 +498,14 @@ impl ExpertSource for RingCache {
         };
         if info.hit {
             sh.c.hits.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("smoe_ring_hits_total").increment(1);
+            metrics::counter!(RING_HITS).increment(1);
         } else {
             sh.c.misses.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("smoe_ring_misses_total").increment(1);
+            metrics::counter!(RING_MISSES).increment(1);
         }
         if info.bet_used {
             sh.c.bets_used.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("smoe_spec_bets_used_total").increment(1);
+            metrics::counter!(SPEC_BETS_USED).increment(1);
         }
         let owner: Arc<dyn SlotOwner> = sh.clone();
         Ok(ExpertHandle::new(owner, idx, key, sh.blob_len).with_info(info))

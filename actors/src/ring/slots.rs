@@ -21,8 +21,6 @@ pub const LOADING: u8 = 1;
 pub const READY: u8 = 2;
 /// The slot holds a verified blob that has been claimed at least once (retained).
 pub const CONSUMED: u8 = 3;
-/// Names of the states, indexed by state value.
-pub const STATE_NAMES: [&str; 4] = ["empty", "loading", "ready", "consumed"];
 
 /// Bit of the reference count marking a slot that is being given a new identity.
 pub const RECYCLING: u32 = 1 << 31;

@@ -2,7 +2,7 @@
 //! probabilities, the top-k experts are chosen in a defined order, and their weights
 //! are renormalised when the model asks for it.
 
-use crate::kernels::softmax_inplace;
+use crate::cpu::kernels::softmax_inplace;
 
 /// Ranks experts from router `logits` (overwritten with the softmax probabilities):
 /// fills all of `experts` (at least `k` long) in descending probability, equal

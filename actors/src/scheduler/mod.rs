@@ -13,27 +13,13 @@ use std::time::{Duration, Instant};
 
 use kameo::actor::{Actor, ActorRef};
 use kameo::message::{Context, Message};
+use smoe_proto::metric_names::{ACTIVE_REQUESTS, QUEUE_LENGTH};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::executor::Executor;
-use crate::generation::{FinishReason, GenerateRequest, GenerateStats};
+use smoe_proto::{JobEvent, JobFailure};
 
-/// Gauge: jobs waiting for the compute thread.
-pub const QUEUE_LENGTH: &str = "smoe_queue_length";
-/// Gauge: jobs being computed.
-pub const ACTIVE_REQUESTS: &str = "smoe_active_requests";
-/// Gauge: token streams held in the session store.
-pub const SESSIONS: &str = "smoe_sessions";
-/// Histogram: seconds from admission to the first generated token.
-pub const TTFT_SECONDS: &str = "smoe_ttft_seconds";
-/// Histogram: seconds between consecutive generated tokens.
-pub const TOKEN_LATENCY_SECONDS: &str = "smoe_token_latency_seconds";
-/// Counter: prompt tokens run through the model (the suffix beyond the reused prefix).
-pub const PREFILL_TOKENS: &str = "smoe_prefill_tokens_total";
-/// Counter: tokens generated.
-pub const DECODE_TOKENS: &str = "smoe_decode_tokens_total";
-/// Counter: prompt tokens served from a stored session instead of being prefilled.
-pub const CACHED_PROMPT_TOKENS: &str = "smoe_cached_prompt_tokens_total";
+use crate::generation::GenerateRequest;
 
 /// Scheduler limits.
 #[derive(Clone, Copy, Debug)]
@@ -50,41 +36,6 @@ pub struct Job {
     pub request: GenerateRequest,
     /// Where the job's events go; dropping the receiver cancels the job.
     pub events: UnboundedSender<JobEvent>,
-}
-
-/// What a job reports, in order: `Started`, `Token`s, then `Finished` or `Failed`.
-#[derive(Debug)]
-pub enum JobEvent {
-    /// The job reached the compute thread.
-    Started {
-        /// Prompt length.
-        prompt_tokens: usize,
-        /// Prompt tokens reused from a stored session (not prefilled).
-        cached_tokens: usize,
-    },
-    /// A generated token.
-    Token(u32),
-    /// Generation ended normally (`Stopped` when the receiver went away).
-    Finished {
-        /// Why it ended.
-        reason: FinishReason,
-        /// Counts and timings.
-        stats: GenerateStats,
-    },
-    /// Generation could not run or was cut short.
-    Failed(JobFailure),
-}
-
-/// Why a job failed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum JobFailure {
-    /// The request is invalid for this engine (context too long, token out of
-    /// vocabulary, empty prompt).
-    Invalid(String),
-    /// The engine failed (read error, internal fault).
-    Internal(String),
-    /// The server cancelled it (shutdown).
-    Cancelled,
 }
 
 /// Why a job was not admitted.

@@ -3,7 +3,7 @@
 //! longest prefix with its prompt (the cache truncated to that prefix), or a fresh or
 //! recycled cache when nothing matches, and checks it back in when done.
 
-use crate::forward_pass::KvState;
+use crate::contract::KvState;
 
 /// One stored stream: `tokens[i]` is the token at cache position `i`.
 struct Session<C> {
@@ -110,6 +110,9 @@ mod tests {
         }
         fn truncate(&mut self, len: usize) {
             self.len = self.len.min(len);
+        }
+        fn advance(&mut self, n: usize) {
+            self.len += n;
         }
     }
 

@@ -6,15 +6,14 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use kameo::actor::ActorRef;
+use smoe_proto::metric_names::{
+    CACHED_PROMPT_TOKENS, DECODE_TOKENS, PREFILL_TOKENS, SESSIONS, TOKEN_LATENCY_SECONDS, TTFT_SECONDS,
+};
 
 use super::sessions::SessionStore;
-use super::{
-    JobEvent, JobFailure, Queued, Scheduler, WorkerIdle, CACHED_PROMPT_TOKENS, DECODE_TOKENS, PREFILL_TOKENS,
-    SESSIONS, TOKEN_LATENCY_SECONDS, TTFT_SECONDS,
-};
+use super::{JobEvent, JobFailure, Queued, Scheduler, WorkerIdle};
+use crate::contract::{ForwardError, ForwardPass, KvState};
 use crate::executor::{Executor, ExecutorKv};
-use crate::forward::ForwardError;
-use crate::forward_pass::{ForwardPass, KvState};
 use crate::generation::generate;
 
 /// Runs jobs from `jobs` until the scheduler goes away.

@@ -35,7 +35,6 @@ impl IoQueue {
         }
         drop(q);
         self.cv.notify_one();
-        metrics::gauge!("smoe_io_queue_depth", "queue" => "demand").set(self.depths().0 as f64);
     }
 
     /// Moves the queued speculative read into `slot` to the demand queue (if it has not

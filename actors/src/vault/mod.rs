@@ -39,6 +39,14 @@ pub struct TensorRef {
     cols: usize,
 }
 
+impl TensorRef {
+    /// The tensor's byte offset in the resident file: unique per tensor, so backends key
+    /// their device copies by it.
+    pub fn key(&self) -> usize {
+        self.offset
+    }
+}
+
 /// Where one expert blob lives on disk.
 #[derive(Clone, Debug)]
 pub struct BlobLocation {

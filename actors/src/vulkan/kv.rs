@@ -17,8 +17,9 @@ pub struct KvLayer {
     pub(super) _v: Subbuffer<[f32]>,
 }
 
-/// A session's key/value cache in device memory (made by
-/// [`VulkanForward::new_kv`](super::VulkanForward::new_kv)).
+/// A session's key/value cache in device memory. Clones share the device buffers (the
+/// executor thread gets one for each block it runs).
+#[derive(Clone)]
 pub struct VulkanKvCache {
     pub(super) layers: Arc<Vec<KvLayer>>,
     pub(super) len: usize,
@@ -30,11 +31,14 @@ impl VulkanKvCache {
     }
 }
 
-impl crate::forward_pass::KvState for VulkanKvCache {
+impl crate::contract::KvState for VulkanKvCache {
     fn len(&self) -> usize {
         self.len
     }
     fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+    }
+    fn advance(&mut self, n: usize) {
+        self.len += n;
     }
 }

@@ -1,12 +1,12 @@
-//! The Vulkan backend of the GPU executor (vulkano): compute shaders for every hot
-//! kernel (`shaders/`), ring slots in host-visible memory that kernels read in place,
-//! staged layer uploads for prefill on devices with their own memory, and
-//! [`VulkanForward`], which has the same behaviour as the CPU
-//! [`Forward`](crate::forward::Forward).
+//! The Vulkan backend (vulkano), a peer of the CPU backend: [`VulkanBackend`] implements
+//! the [`Backend`](crate::contract::Backend) operations with compute shaders
+//! (`shaders/`), reading ring slots in host-visible memory in place or staging a
+//! prefill layer's union into device-local layer slots on devices with their own
+//! memory. [`VulkanPass`] runs the shared model definition over it.
 //!
 //! vulkano's command-buffer builders are not `Send`, so all recording and submission
-//! happens on one executor thread that owns the device state; [`VulkanForward`] sends it
-//! jobs over a channel and waits for the reply.
+//! happens on one executor thread that owns the device state; [`VulkanPass`] sends it
+//! jobs through its mailbox and waits for the reply.
 //!
 //! Numerics: every kernel has a fixed reduction order per output element that does not
 //! depend on how many tokens one dispatch covers, so the batched kernels are
@@ -15,24 +15,29 @@
 //! rounding (different summation trees, GPU `exp`/`sqrt`).
 
 mod allocator;
+mod arena;
+mod backend;
 mod buffers;
 mod context;
-mod executor;
+mod experts;
 mod kv;
 mod pipelines;
 pub mod record;
-mod runner;
+mod thread;
+mod weights;
 
+#[cfg(feature = "test-harness")]
 pub mod harness;
 
 pub use allocator::{ArenaRegistry, VulkanAllocator};
+pub use backend::VulkanBackend;
 pub use context::{list_devices, DeviceInfo, VulkanContext};
-pub use executor::VulkanForward;
+pub use experts::ExpertPath;
 pub use kv::VulkanKvCache;
 pub use pipelines::{spirv, Kernel, Kernels, TypedKernels};
-pub use runner::ExpertPath;
+pub use thread::VulkanPass;
 
-use crate::forward::ForwardError;
+use crate::contract::ForwardError;
 
 /// Why the Vulkan backend could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -54,13 +59,8 @@ pub enum VulkanError {
     ExecutorGone,
 }
 
-/// Why a forward pass on the Vulkan backend failed.
-#[derive(Debug, thiserror::Error)]
-pub enum VulkanForwardError {
-    /// The same failures as on the CPU backend (vault, context, vocabulary).
-    #[error(transparent)]
-    Forward(#[from] ForwardError),
-    /// A device failure.
-    #[error(transparent)]
-    Vulkan(#[from] VulkanError),
+impl From<VulkanError> for ForwardError {
+    fn from(e: VulkanError) -> Self {
+        ForwardError::Device(e.to_string())
+    }
 }

@@ -4,11 +4,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smoe_actors::contract::ForwardPass;
 use smoe_actors::engine::{Engine, EngineOptions, RingSize};
-use smoe_actors::forward_pass::ForwardPass;
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::vulkan::harness::KernelHarness;
-use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanForward};
+use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanPass};
 
 use crate::kernels::upload;
 
@@ -42,7 +42,7 @@ fn time_greedy<P: ForwardPass>(fwd: &mut P, prompt: &[u32], decode: usize) -> (R
 
 fn run_cpu(vault: &Path, opts: &EngineOptions, prompt: &[u32], decode: usize, chunk: usize) -> (Rates, u32) {
     let engine = Engine::open(vault, opts, &HostAllocator).expect("engine");
-    time_greedy(&mut engine.forward(chunk), prompt, decode)
+    time_greedy(&mut smoe_actors::executor::cpu_pass(&engine, chunk), prompt, decode)
 }
 
 fn run_vulkan(
@@ -56,7 +56,7 @@ fn run_vulkan(
 ) -> (Rates, u32) {
     let alloc = VulkanAllocator::new(ctx.clone());
     let engine = Engine::open(vault, opts, &alloc).expect("engine");
-    let mut fwd = VulkanForward::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("vulkan forward");
+    let mut fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("vulkan forward");
     if let Some(p) = path {
         fwd.set_expert_path(p).expect("path");
     }
@@ -122,7 +122,7 @@ fn diag_run(
     let alloc = VulkanAllocator::new(ctx.clone());
     let opts = EngineOptions { max_context: 256, ring: RingSize::Slots(slots), ..Default::default() };
     let engine = Engine::open(vault, &opts, &alloc).expect("engine");
-    let mut fwd = VulkanForward::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("forward");
+    let mut fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("forward");
     fwd.set_expert_path(path).expect("path");
     greedy_logits(&mut fwd, prompt, steps)
 }
@@ -181,7 +181,7 @@ pub fn diag(args: &[String]) {
     // The CPU backend on the same prompt.
     let opts = EngineOptions { max_context: 256, ring: RingSize::Slots(all), ..Default::default() };
     let engine = Engine::open(vault, &opts, &HostAllocator).expect("engine");
-    let cpu = greedy_logits(&mut engine.forward(1), &prompt, 8);
+    let cpu = greedy_logits(&mut smoe_actors::executor::cpu_pass(&engine, 1), &prompt, 8);
     let d = cpu.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     let scale = cpu.iter().map(|a| a.abs()).fold(0.0f32, f32::max);
     println!("cpu vs vulkan reference: max |diff| {d:e} (max |logit| {scale:e})");

@@ -1,10 +1,14 @@
-//! The resident part of a model: references to every dense tensor in the vault,
-//! resolved and shape-checked once at load, plus the RoPE tables.
+//! Model definitions: the resident part of a model (references to every dense tensor in
+//! the vault, resolved and shape-checked once at load, plus the RoPE tables) and each
+//! family's layer loop, written once over the backends' operations.
+
+pub mod qwen3_moe;
 
 use std::sync::Arc;
 
 use smoe_proto::{ModelConfig, VaultError, MANIFEST_FILE};
 
+use crate::contract::ForwardError;
 use crate::tensor::WeightView;
 use crate::vault::{TensorRef, Vault};
 
@@ -158,6 +162,53 @@ impl Model {
         let max_context = max_context.clamp(1, cfg.max_position_embeddings);
         let rope = RopeTable::new(cfg.rope_theta, cfg.head_dim, max_context);
         Ok(Model { vault, cfg, embed, norm, lm_head, layers, rope, max_context })
+    }
+
+    /// Checks a block of `tokens` at positions `start..` before it runs: the one place
+    /// that checks block size, context length and token ids.
+    pub fn check_block(&self, start: usize, tokens: &[u32], max_rows: usize) -> Result<(), ForwardError> {
+        let m = tokens.len();
+        if m == 0 || m > max_rows {
+            return Err(ForwardError::BlockSize { rows: m, max: max_rows });
+        }
+        self.check_context(start + m)?;
+        self.check_tokens(tokens)
+    }
+
+    /// Checks that a session of `needed` positions fits the context.
+    pub fn check_context(&self, needed: usize) -> Result<(), ForwardError> {
+        match needed > self.max_context {
+            true => Err(ForwardError::ContextFull { needed, max: self.max_context }),
+            false => Ok(()),
+        }
+    }
+
+    /// Checks that every id is in the vocabulary.
+    pub fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {
+        let vocab = self.cfg.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(&id) => Err(ForwardError::TokenOutOfVocab { id, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// Every resident weight matrix the layers project with (for backends that upload
+    /// them), each once.
+    pub fn matrices(&self) -> impl Iterator<Item = &TensorRef> {
+        let per_layer = self.layers.iter().flat_map(|l| {
+            let ffn: Vec<&TensorRef> = match &l.ffn {
+                FfnRefs::Dense { gate, up, down } => vec![gate, up, down],
+                FfnRefs::Moe { router } => vec![router],
+            };
+            [&l.q, &l.k, &l.v, &l.o].into_iter().chain(ffn)
+        });
+        per_layer.chain(std::iter::once(&self.lm_head))
+    }
+
+    /// Every resident f32 vector (norm weights), each once.
+    pub fn vectors(&self) -> impl Iterator<Item = &TensorRef> {
+        let per_layer = self.layers.iter().flat_map(|l| [&l.input_norm, &l.post_norm, &l.q_norm, &l.k_norm]);
+        per_layer.chain(std::iter::once(&self.norm))
     }
 
     /// A view of a resident tensor.

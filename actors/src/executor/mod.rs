@@ -1,32 +1,40 @@
-//! The GPU-executor stage as the rest of the engine sees it: one forward pass on the
-//! backend the user chose (the CPU reference, or Vulkan compute), opened together with
-//! the engine so the ring's slot memory comes from that backend's allocator.
+//! The executor stage: runs the model definition on the backend the user chose (the
+//! CPU reference, or Vulkan compute), opened together with the engine so the ring's
+//! slot memory comes from that backend's allocator. [`moe`] is the MoE step every
+//! backend shares; [`Pass`] is the model definition over one backend.
+
+pub mod moe;
+mod pass;
 
 use std::path::Path;
 use std::sync::Arc;
 
+pub use pass::Pass;
+
+use smoe_proto::{ClaimEvent, ClaimTally};
+
+use crate::contract::{ForwardError, ForwardPass, KvState};
+use crate::cpu::{CpuBackend, KvCache};
 use crate::engine::{Engine, EngineError, EngineOptions};
-use crate::forward::{ClaimEvent, ClaimTally, Forward, ForwardError, KvCache};
-use crate::forward_pass::{ForwardPass, KvState};
 use crate::model::Model;
 use crate::ring::memory::HostAllocator;
 
-/// Which compute backend runs the math.
+/// Which compute backend runs the math (config key and flag `backend`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Backend {
+pub enum BackendKind {
     /// The CPU reference kernels.
     Cpu,
     /// Vulkan compute on device `device` (see `smoe-pipeline devices`).
     Vulkan,
 }
 
-impl std::str::FromStr for Backend {
+impl std::str::FromStr for BackendKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "cpu" => Ok(Backend::Cpu),
-            "vulkan" => Ok(Backend::Vulkan),
+            "cpu" => Ok(BackendKind::Cpu),
+            "vulkan" => Ok(BackendKind::Vulkan),
             _ => Err(format!("unknown backend {s:?}: use cpu or vulkan")),
         }
     }
@@ -48,16 +56,25 @@ pub enum ExecutorError {
     NoVulkan,
 }
 
+/// The model definition on the CPU backend.
+pub type CpuPass = Pass<CpuBackend>;
+
+/// A CPU pass over `engine`'s model and ring for blocks of up to `max_rows` tokens.
+pub fn cpu_pass(engine: &Engine, max_rows: usize) -> CpuPass {
+    let backend = CpuBackend::new(engine.model.clone(), max_rows);
+    Pass::new(backend, engine.model.clone(), engine.ring.clone(), max_rows, engine.ring.n_slots())
+}
+
 /// A forward pass on the chosen backend.
 pub enum Executor {
     /// CPU reference.
-    Cpu(Box<Forward>),
-    /// Vulkan compute.
+    Cpu(Box<CpuPass>),
+    /// Vulkan compute (on its own thread).
     #[cfg(feature = "vulkan")]
-    Vulkan(Box<crate::vulkan::VulkanForward>),
+    Vulkan(Box<crate::vulkan::VulkanPass>),
 }
 
-/// A KV cache of the executor's backend.
+/// A cache of the executor's backend.
 pub enum ExecutorKv {
     /// Host memory.
     Cpu(KvCache),
@@ -72,30 +89,40 @@ impl Executor {
     pub fn open(
         dir: &Path,
         opts: &EngineOptions,
-        backend: Backend,
+        backend: BackendKind,
         device: usize,
         max_rows: usize,
     ) -> Result<(Engine, Executor), ExecutorError> {
         match backend {
-            Backend::Cpu => {
+            BackendKind::Cpu => {
                 let engine = Engine::open(dir, opts, &HostAllocator)?;
-                let fwd = engine.forward(max_rows);
-                Ok((engine, Executor::Cpu(Box::new(fwd))))
+                let pass = cpu_pass(&engine, max_rows);
+                Ok((engine, Executor::Cpu(Box::new(pass))))
             }
             #[cfg(feature = "vulkan")]
-            Backend::Vulkan => {
-                use crate::vulkan::{VulkanAllocator, VulkanContext, VulkanForward};
+            BackendKind::Vulkan => {
+                use crate::vulkan::{VulkanAllocator, VulkanContext, VulkanPass};
                 let ctx = VulkanContext::new(device)?;
                 let alloc = VulkanAllocator::new(ctx.clone());
                 let engine = Engine::open(dir, opts, &alloc)?;
-                let fwd = VulkanForward::for_engine(ctx, &alloc, &engine, max_rows)?;
-                Ok((engine, Executor::Vulkan(Box::new(fwd))))
+                let pass = VulkanPass::for_engine(ctx, &alloc, &engine, max_rows)?;
+                Ok((engine, Executor::Vulkan(Box::new(pass))))
             }
             #[cfg(not(feature = "vulkan"))]
-            Backend::Vulkan => {
+            BackendKind::Vulkan => {
                 let _ = device;
                 Err(ExecutorError::NoVulkan)
             }
+        }
+    }
+
+    /// Another pass on the same backend and device over `engine` (the one this pass
+    /// was opened with: they share its ring), for blocks of up to `max_rows` tokens.
+    pub fn sibling(&self, engine: &Engine, max_rows: usize) -> Result<Executor, ExecutorError> {
+        match self {
+            Executor::Cpu(_) => Ok(Executor::Cpu(Box::new(cpu_pass(engine, max_rows)))),
+            #[cfg(feature = "vulkan")]
+            Executor::Vulkan(v) => Ok(Executor::Vulkan(Box::new(v.sibling(engine, max_rows)?))),
         }
     }
 }
@@ -113,6 +140,13 @@ impl KvState for ExecutorKv {
             ExecutorKv::Cpu(k) => k.truncate(len),
             #[cfg(feature = "vulkan")]
             ExecutorKv::Vulkan(k) => k.truncate(len),
+        }
+    }
+    fn advance(&mut self, n: usize) {
+        match self {
+            ExecutorKv::Cpu(k) => k.advance(n),
+            #[cfg(feature = "vulkan")]
+            ExecutorKv::Vulkan(k) => k.advance(n),
         }
     }
 }
@@ -138,11 +172,9 @@ impl ForwardPass for Executor {
     }
     fn new_kv(&self) -> Result<ExecutorKv, ForwardError> {
         match self {
-            Executor::Cpu(f) => Ok(ExecutorKv::Cpu(KvCache::new(f.model()))),
+            Executor::Cpu(f) => f.new_kv().map(ExecutorKv::Cpu),
             #[cfg(feature = "vulkan")]
-            Executor::Vulkan(f) => {
-                f.new_kv().map(ExecutorKv::Vulkan).map_err(|e| ForwardError::Device(e.to_string()))
-            }
+            Executor::Vulkan(f) => f.new_kv().map(ExecutorKv::Vulkan),
         }
     }
     fn forward(
@@ -154,11 +186,9 @@ impl ForwardPass for Executor {
         match (self, kv) {
             (Executor::Cpu(f), ExecutorKv::Cpu(kv)) => f.forward(kv, tokens, want_logits),
             #[cfg(feature = "vulkan")]
-            (Executor::Vulkan(f), ExecutorKv::Vulkan(kv)) => {
-                ForwardPass::forward(&mut **f, kv, tokens, want_logits)
-            }
+            (Executor::Vulkan(f), ExecutorKv::Vulkan(kv)) => f.forward(kv, tokens, want_logits),
             #[cfg(feature = "vulkan")]
-            _ => Err(ForwardError::Device("a KV cache of another backend was passed to the executor".into())),
+            _ => Err(ForwardError::Device("a cache of another backend was passed to the executor".into())),
         }
     }
     fn last_union_sizes(&self) -> &[usize] {

@@ -1,21 +1,18 @@
-//! A routing job: what the executor hands the router for one MoE layer of one block of
-//! tokens, and the plan the router hands back in the same buffers.
+//! A routing job: the message the executor hands the router for one MoE layer of one
+//! block of tokens, and the plan the router hands back in the same buffers. Plain data:
+//! the side effects it leads to (announcing, claiming, withdrawing, betting) belong to
+//! the stages, not to the message.
 //!
 //! A job is sized once for the largest block and moved between the executor and the
 //! router thread by pointer: routing a layer neither copies the activation plane nor
 //! allocates.
 
-use smoe_proto::{ExpertKey, ExpertSource};
-
-use super::rank::route;
-use crate::vault::TensorRef;
-
 /// Where a job's gate logits come from.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateInput {
     /// The router computes them from the block's normalised hidden rows
-    /// ([`RouteJob::hidden_mut`]) with this layer's gate weight.
-    Hidden(TensorRef),
+    /// ([`RouteJob::hidden_mut`]) with the layer's gate weight.
+    Hidden,
     /// The executor computed them on its device and wrote them to
     /// [`RouteJob::logits_mut`].
     Logits,
@@ -48,9 +45,8 @@ pub struct RouteJob {
 }
 
 impl RouteJob {
-    /// A job for blocks of up to `max_rows` tokens of a model with `hidden` hidden size
-    /// (0 when the executor always supplies logits), `experts` experts, top-`k`, and
-    /// whether the top-k weights are renormalised.
+    /// A job for blocks of up to `max_rows` tokens of a model with `hidden` hidden size,
+    /// `experts` experts, top-`k`, and whether the top-k weights are renormalised.
     pub fn new(max_rows: usize, hidden: usize, experts: usize, k: usize, norm_topk_prob: bool) -> Self {
         let m = max_rows.max(1);
         let k = k.clamp(1, experts.max(1));
@@ -62,7 +58,7 @@ impl RouteJob {
             rows: 0,
             bets: 0,
             input: GateInput::Logits,
-            hidden: vec![0.0; m * hidden],
+            hidden: Vec::new(),
             logits: vec![0.0; m * experts],
             topk_e: vec![0; m * k],
             topk_w: vec![0.0; m * k],
@@ -88,8 +84,9 @@ impl RouteJob {
         self.bets = if rows == 1 { bets.min(self.ranked.len() - self.k) } else { 0 };
     }
 
-    /// The hidden-row plane (`rows × hidden`) the router reads for [`GateInput::Hidden`];
-    /// the executor may swap its own plane in and out instead of copying.
+    /// The hidden-row plane (`rows × hidden`) the router reads for [`GateInput::Hidden`].
+    /// The job holds none of its own: the executor swaps its plane in and back out
+    /// instead of copying.
     pub fn hidden_mut(&mut self) -> &mut Vec<f32> {
         &mut self.hidden
     }
@@ -138,67 +135,86 @@ impl RouteJob {
         &self.pairs[self.seg_start[ui] as usize..self.seg_start[ui + 1] as usize]
     }
 
-    /// Tells `experts` that announced union members after `ui` will not be claimed
-    /// (used when claiming member `ui` failed).
-    pub fn withdraw_after(&self, ui: usize, experts: &dyn ExpertSource) {
-        for &e in self.union.iter().take(self.announced).skip(ui + 1) {
-            experts.withdraw(ExpertKey::new(self.layer, e as usize));
-        }
+    /// The announced union members after member `ui` (withdrawn when claiming member
+    /// `ui` failed).
+    pub fn announced_after(&self, ui: usize) -> &[u16] {
+        &self.union[(ui + 1).min(self.announced)..self.announced]
+    }
+
+    /// A single-token step's bets: its gate ranks k+1..k+N (empty for a block), to be
+    /// queued as speculative prefetches for the next token once the layer's claims are
+    /// done.
+    pub fn bets(&self) -> &[u16] {
+        &self.ranked[self.k..self.k + self.bets]
+    }
+
+    /// Decoder layer of the request.
+    pub fn layer(&self) -> usize {
+        self.layer
     }
 
     /// Tokens in the request.
-    pub(super) fn rows(&self) -> usize {
+    pub fn rows(&self) -> usize {
         self.rows
     }
 
-    /// Queues a decode step's bets — the token's gate ranks k+1..k+N (none for a block) —
-    /// as speculative prefetches for the next token. The executor calls this once it has
-    /// claimed the layer's experts, so bets never share the disk with this layer's demand
-    /// reads.
-    pub fn place_bets(&self, experts: &dyn ExpertSource) {
-        for &e in &self.ranked[self.k..self.k + self.bets] {
-            experts.prefetch(ExpertKey::new(self.layer, e as usize));
-        }
+    /// Routed experts per token.
+    pub fn k(&self) -> usize {
+        self.k
     }
 
-    /// What the router computes from this job's request.
-    pub(super) fn input(&self) -> &GateInput {
-        &self.input
+    /// Whether the top-k weights are renormalised.
+    pub fn norm_topk_prob(&self) -> bool {
+        self.norm_topk_prob
+    }
+
+    /// Where the gate logits come from.
+    pub fn input(&self) -> GateInput {
+        self.input
     }
 
     /// Splits the job into the hidden rows (read) and the logits plane (written) for
     /// the block of tokens `t0..t1`.
-    pub(super) fn gate_planes(&mut self, t0: usize, t1: usize) -> (&[f32], &mut [f32]) {
+    pub fn gate_planes(&mut self, t0: usize, t1: usize) -> (&[f32], &mut [f32]) {
         let (h, ne) = (self.h, self.in_union.len());
         (&self.hidden[t0 * h..t1 * h], &mut self.logits[t0 * ne..t1 * ne])
     }
 
-    /// Forgets the previous plan.
-    pub(super) fn begin(&mut self) {
+    /// Forgets the previous plan (the router starts every job with it).
+    pub fn begin(&mut self) {
         self.union.clear();
         self.in_union.fill(false);
         self.announced = 0;
     }
 
-    /// Routes token `t` from its logits (overwritten with probabilities) and announces
-    /// each expert the moment it first enters the union.
-    pub(super) fn route_token(&mut self, t: usize, experts: &dyn ExpertSource) {
+    /// What the router's ranking of token `t` fills: its logits (to be overwritten with
+    /// probabilities), the ranked experts (top-k, then the bets) and the top-k weights.
+    pub fn rank_slots(&mut self, t: usize) -> (&mut [f32], &mut [u16], &mut [f32]) {
         let (k, ne) = (self.k, self.in_union.len());
         let logits = &mut self.logits[t * ne..(t + 1) * ne];
         let weights = &mut self.topk_w[t * k..(t + 1) * k];
-        if self.bets > 0 {
-            route(logits, k, self.norm_topk_prob, &mut self.ranked[..k + self.bets], weights);
-            self.topk_e[t * k..(t + 1) * k].copy_from_slice(&self.ranked[..k]);
+        let ranked = if self.bets > 0 {
+            &mut self.ranked[..k + self.bets]
         } else {
-            route(logits, k, self.norm_topk_prob, &mut self.topk_e[t * k..(t + 1) * k], weights);
+            &mut self.topk_e[t * k..(t + 1) * k]
+        };
+        (logits, ranked, weights)
+    }
+
+    /// Adds token `t`'s ranked experts to the union in rank order. `announce` is called
+    /// for each expert the moment it first enters the union, while every earlier member
+    /// was announced; it says whether the announcement was taken (announcing stops at
+    /// the first refusal).
+    pub fn admit(&mut self, t: usize, mut announce: impl FnMut(u16) -> bool) {
+        let k = self.k;
+        if self.bets > 0 {
+            self.topk_e[t * k..(t + 1) * k].copy_from_slice(&self.ranked[..k]);
         }
         for &e in &self.topk_e[t * k..(t + 1) * k] {
             if !self.in_union[e as usize] {
                 self.in_union[e as usize] = true;
                 self.union.push(e);
-                if self.announced + 1 == self.union.len()
-                    && experts.announce(ExpertKey::new(self.layer, e as usize))
-                {
+                if self.announced + 1 == self.union.len() && announce(e) {
                     self.announced += 1;
                 }
             }
@@ -206,8 +222,8 @@ impl RouteJob {
     }
 
     /// Groups the (token, rank) pairs by union member (a counting sort: each member's
-    /// pairs ascending).
-    pub(super) fn finish(&mut self) {
+    /// pairs ascending); the router ends every job with it.
+    pub fn finish(&mut self) {
         let n = self.rows * self.k;
         for &e in &self.union {
             self.counts[e as usize] = 0;

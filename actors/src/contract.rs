@@ -1,0 +1,238 @@
+//! The contract between the model definitions and the compute backends, and what a
+//! forward pass offers the rest of the engine.
+//!
+//! A model family's layer loop ([`crate::model::qwen3_moe`]) is written once against
+//! [`Backend`]; the CPU reference ([`crate::cpu`]) and Vulkan ([`crate::vulkan`]) implement
+//! its operations and never import each other. The MoE step ([`crate::executor::moe`])
+//! drives routing, claims and accounting once for every backend; a backend only computes
+//! the claimed experts for their rows.
+//!
+//! Operations read and write *activation planes* ([`Plane`]): `rows × width` f32 arrays
+//! each backend allocates once for its largest block of tokens and reuses, so the hot
+//! path allocates nothing. Weights are named by their [`TensorRef`] in the vault.
+//!
+//! Operations may be recorded and run later (a GPU backend records a command buffer);
+//! the *sync points* — [`Backend::route_input`], [`Backend::lm_head`] and
+//! [`Backend::finish`] — return only once everything recorded before them has run.
+
+use std::sync::Arc;
+
+use smoe_proto::{ClaimEvent, ClaimTally, ExpertHandle, GateInput, RouteJob, VaultError};
+
+use crate::model::Model;
+use crate::vault::TensorRef;
+
+/// An activation plane: one row per token of the block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Plane {
+    /// The residual stream (`hidden_size` wide).
+    X,
+    /// A normalised copy of the residual stream (`hidden_size`).
+    Xn,
+    /// Queries (`heads · head_dim`).
+    Q,
+    /// Keys of the block (`kv_heads · head_dim`).
+    K,
+    /// Values of the block (`kv_heads · head_dim`).
+    V,
+    /// Attention output before the output projection (`heads · head_dim`).
+    Attn,
+    /// A dense feed-forward block's gated intermediate (`intermediate_size`).
+    Hidden,
+}
+
+/// Whether an operation overwrites its output plane or adds to it (the residual add).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// `out = result`.
+    Set,
+    /// `out += result` (the result is computed in full first, then added).
+    Add,
+}
+
+/// When a batch of experts handed to [`Backend::experts`] must run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flush {
+    /// More batches of this layer follow: start this one now, overlapping later claims.
+    Overlap,
+    /// The last batch of the layer: it may wait for the next sync point.
+    Last,
+    /// Every batch handed over so far must have finished when the call returns (the
+    /// caller drops their handles to free ring slots for later claims).
+    Wait,
+}
+
+/// Why a forward pass could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// Reading an expert failed.
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    /// The session would exceed the context the engine was sized for.
+    #[error("context full: {needed} positions needed but the engine holds at most {max}; shorten the prompt or raise max_context")]
+    ContextFull {
+        /// Positions the request needs.
+        needed: usize,
+        /// Positions available.
+        max: usize,
+    },
+    /// The compute device failed (GPU backends).
+    #[error("{0}")]
+    Device(String),
+    /// The router stage stopped or could not start.
+    #[error("the router stage stopped (see the log); restart the engine")]
+    RouterStopped,
+    /// A token id is outside the vocabulary.
+    #[error("token id {id} is out of the vocabulary (size {vocab})")]
+    TokenOutOfVocab {
+        /// The offending id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// A block of tokens the pass was not sized for.
+    #[error("a block of {rows} tokens (this pass takes 1..={max})")]
+    BlockSize {
+        /// Tokens in the block.
+        rows: usize,
+        /// Largest block the pass takes.
+        max: usize,
+    },
+}
+
+/// A per-session cache (keys and values of the attention layers) that can be cut back
+/// to a prefix.
+pub trait KvState: Send {
+    /// Positions held.
+    fn len(&self) -> usize;
+    /// Whether no position is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Keeps only the first `len` positions.
+    fn truncate(&mut self, len: usize);
+    /// Records that `n` more positions were filled by a forward pass.
+    fn advance(&mut self, n: usize);
+}
+
+/// The operations a compute backend implements. Every batched operation (rows > 1) must
+/// give each row exactly the bytes the single-row operation gives it (DESIGN.md §4).
+pub trait Backend {
+    /// The backend's per-session cache.
+    type Kv: KvState;
+    /// A new, empty cache for one session.
+    fn new_kv(&self) -> Result<Self::Kv, ForwardError>;
+    /// Writes the embedding rows of `tokens` to [`Plane::X`].
+    fn embed(&mut self, embed: &TensorRef, tokens: &[u32]) -> Result<(), ForwardError>;
+    /// RMSNorm of the first `rows` rows of `src` with weight `w` into `dst`.
+    fn rmsnorm(&mut self, w: &TensorRef, src: Plane, dst: Plane, rows: usize) -> Result<(), ForwardError>;
+    /// `dst (=|+=) W · src` for the first `rows` rows.
+    fn project(
+        &mut self,
+        w: &TensorRef,
+        src: Plane,
+        dst: Plane,
+        rows: usize,
+        write: Write,
+    ) -> Result<(), ForwardError>;
+    /// Per-head RMSNorm (`q_norm`, `k_norm`) and RoPE on [`Plane::Q`] and [`Plane::K`]
+    /// for positions `start..start + rows`, and appends the block's keys and values to
+    /// decoder layer `layer`'s cache.
+    fn qk_norm_rope(
+        &mut self,
+        layer: usize,
+        q_norm: &TensorRef,
+        k_norm: &TensorRef,
+        kv: &mut Self::Kv,
+        start: usize,
+        rows: usize,
+    ) -> Result<(), ForwardError>;
+    /// Causal attention of [`Plane::Q`] over layer `layer`'s cached positions
+    /// `0..=start + t` for each row `t`, into [`Plane::Attn`].
+    fn attention(
+        &mut self,
+        layer: usize,
+        kv: &Self::Kv,
+        start: usize,
+        rows: usize,
+    ) -> Result<(), ForwardError>;
+    /// `silu(gate · src) ⊙ (up · src)` into [`Plane::Hidden`].
+    fn swiglu(
+        &mut self,
+        gate: &TensorRef,
+        up: &TensorRef,
+        src: Plane,
+        rows: usize,
+    ) -> Result<(), ForwardError>;
+    /// Supplies the router's input for the MoE layer whose gate weight is `gate`:
+    /// either the normalised rows of [`Plane::Xn`] moved into `job`'s hidden plane
+    /// (the router computes the gate), or the gate logits computed here into `job`'s
+    /// logits plane. A sync point: blobs handed to earlier [`Backend::experts`] calls are
+    /// no longer read when it returns. Says which of the two it did.
+    fn route_input(
+        &mut self,
+        gate: &TensorRef,
+        rows: usize,
+        job: &mut RouteJob,
+    ) -> Result<GateInput, ForwardError>;
+    /// Takes back what [`Backend::route_input`] moved into `job`, once `job` holds the
+    /// plan, and prepares the layer's expert compute from it.
+    fn route_output(&mut self, job: &mut RouteJob) -> Result<(), ForwardError>;
+    /// How many claimed experts to hand to [`Backend::experts`] at once for a block of
+    /// `rows` tokens (1: each as soon as it is claimed).
+    fn expert_batch(&self, rows: usize) -> usize;
+    /// Computes union members `first..first + blobs.len()` of `plan` (decoder layer
+    /// `layer`) for the rows routed to them, from [`Plane::Xn`] into the per-pair expert
+    /// outputs. Returns whether the blobs are no longer read (their handles may go).
+    fn experts(
+        &mut self,
+        layer: usize,
+        plan: &RouteJob,
+        first: usize,
+        blobs: &[ExpertHandle],
+        flush: Flush,
+    ) -> Result<bool, ForwardError>;
+    /// Adds each row's expert outputs, weighted in rank order, to [`Plane::X`].
+    fn combine(&mut self, plan: &RouteJob, rows: usize) -> Result<(), ForwardError>;
+    /// Final RMSNorm of row `row` of [`Plane::X`] and the LM head into the logits
+    /// ([`Backend::last_logits`]); a sync point.
+    fn lm_head(&mut self, norm: &TensorRef, lm_head: &TensorRef, row: usize) -> Result<(), ForwardError>;
+    /// The logits of the last [`Backend::lm_head`].
+    fn last_logits(&self) -> &[f32];
+    /// Runs everything recorded; a sync point.
+    fn finish(&mut self) -> Result<(), ForwardError>;
+    /// After a failure: discards what was recorded and waits for the work in flight, so
+    /// every blob handed to [`Backend::experts`] may be released.
+    fn abandon(&mut self);
+}
+
+/// What every backend's forward pass offers the generation loop and the scheduler: run
+/// a block of tokens through all layers against a cache of its own kind, and report
+/// the routing and claim accounting of what it ran.
+pub trait ForwardPass: Send {
+    /// The cache this pass runs against.
+    type Kv: KvState;
+    /// The model being run.
+    fn model(&self) -> &Arc<Model>;
+    /// Largest block of tokens one call accepts (the prefill chunk size).
+    fn max_rows(&self) -> usize;
+    /// A new, empty cache for one session.
+    fn new_kv(&self) -> Result<Self::Kv, ForwardError>;
+    /// Runs `tokens` at positions `kv.len()..`; returns the last token's logits when asked.
+    fn forward(
+        &mut self,
+        kv: &mut Self::Kv,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<Option<&[f32]>, ForwardError>;
+    /// Union size per decoder layer in the last call (0 for dense layers).
+    fn last_union_sizes(&self) -> &[usize];
+    /// Claim accounting since creation.
+    fn tally(&self) -> ClaimTally;
+    /// Speculative prefetch depth for single-token steps.
+    fn set_spec_depth(&mut self, depth: usize);
+    /// Starts recording expert claims.
+    fn enable_trace(&mut self);
+    /// The claims recorded since the last call.
+    fn take_trace(&mut self) -> Vec<ClaimEvent>;
+}

@@ -1,0 +1,354 @@
+//! The CPU backend, the reference: every [`Backend`] operation on host memory with the
+//! kernels of [`kernels`]. Activation planes and scratch are sized once for the largest
+//! block; per row, a block of m tokens runs the same kernels in the same order as a
+//! single token, so layer-major prefill is byte-identical to token-serial replay.
+
+pub mod kernels;
+mod kv;
+pub mod quant;
+pub mod quantize;
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use smoe_proto::{ExpertHandle, GateInput, PartLayout, RouteJob};
+
+pub use kv::KvCache;
+
+use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
+use crate::model::Model;
+use crate::tensor::WeightView;
+use crate::vault::TensorRef;
+use kernels::{dot_f32, matmul, matvec, rmsnorm, rmsnorm_inplace, silu, softmax_inplace};
+
+/// Planes in [`Plane`] order.
+const PLANES: [Plane; 7] = [Plane::X, Plane::Xn, Plane::Q, Plane::K, Plane::V, Plane::Attn, Plane::Hidden];
+
+/// Host buffers sized once for `max_rows` tokens; reused by every call.
+struct Scratch {
+    /// The activation planes, indexed by [`Plane`] position in [`PLANES`].
+    planes: [Vec<f32>; 7],
+    /// A projection's result before it is added to its output plane.
+    sum: Vec<f32>,
+    /// The up projection of a SwiGLU block.
+    u: Vec<f32>,
+    /// One expert's input rows.
+    xsub: Vec<f32>,
+    /// One expert's output rows.
+    ysub: Vec<f32>,
+    /// Every (token, rank) pair's expert output.
+    yk: Vec<f32>,
+    /// Attention scores, one context-long row per head.
+    scores: Vec<f32>,
+    /// The LM head's output.
+    logits: Vec<f32>,
+}
+
+/// The CPU reference backend.
+pub struct CpuBackend {
+    model: Arc<Model>,
+    s: Scratch,
+}
+
+impl CpuBackend {
+    /// A backend for blocks of up to `max_rows` tokens of `model`. All scratch is
+    /// allocated here.
+    pub fn new(model: Arc<Model>, max_rows: usize) -> Self {
+        let c = &model.cfg;
+        let m = max_rows.max(1);
+        let k = c.num_experts_per_tok.max(1);
+        let inter = c.intermediate_size.max(c.moe_intermediate_size);
+        let width = |p: Plane| match p {
+            Plane::X | Plane::Xn => c.hidden_size,
+            Plane::Q | Plane::Attn => c.q_dim(),
+            Plane::K | Plane::V => c.kv_dim(),
+            Plane::Hidden => inter,
+        };
+        let s = Scratch {
+            planes: PLANES.map(|p| vec![0.0; m * width(p)]),
+            sum: vec![0.0; m * c.hidden_size],
+            u: vec![0.0; m * inter],
+            xsub: vec![0.0; m * c.hidden_size],
+            ysub: vec![0.0; m * c.hidden_size],
+            yk: vec![0.0; m * k * c.hidden_size],
+            scores: vec![0.0; c.num_attention_heads * model.max_context],
+            logits: vec![0.0; c.vocab_size],
+        };
+        CpuBackend { model, s }
+    }
+
+    /// Two distinct planes, the first to read and the second to write.
+    fn pair(&mut self, src: Plane, dst: Plane) -> (&[f32], &mut [f32]) {
+        let (a, b) = (src as usize, dst as usize);
+        assert_ne!(a, b, "an operation reads and writes the same plane");
+        let planes = &mut self.s.planes;
+        if a < b {
+            let (lo, hi) = planes.split_at_mut(b);
+            (&lo[a], &mut hi[0])
+        } else {
+            let (lo, hi) = planes.split_at_mut(a);
+            (&hi[0], &mut lo[b])
+        }
+    }
+}
+
+/// `out (=|+=) result` over the first `n` elements, through `sum` when adding.
+fn write_out(write: Write, out: &mut [f32], sum: &mut [f32], n: usize, compute: impl FnOnce(&mut [f32])) {
+    match write {
+        Write::Set => compute(&mut out[..n]),
+        Write::Add => {
+            compute(&mut sum[..n]);
+            for (o, s) in out[..n].iter_mut().zip(&sum[..n]) {
+                *o += s;
+            }
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Kv = KvCache;
+
+    fn new_kv(&self) -> Result<KvCache, ForwardError> {
+        Ok(KvCache::new(&self.model))
+    }
+
+    fn embed(&mut self, embed: &TensorRef, tokens: &[u32]) -> Result<(), ForwardError> {
+        let h = self.model.cfg.hidden_size;
+        let w = self.model.w(embed);
+        let x = &mut self.s.planes[Plane::X as usize];
+        for (t, &tok) in tokens.iter().enumerate() {
+            w.row_to_f32(tok as usize, &mut x[t * h..(t + 1) * h]);
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(&mut self, w: &TensorRef, src: Plane, dst: Plane, rows: usize) -> Result<(), ForwardError> {
+        let model = Arc::clone(&self.model);
+        let (h, eps) = (model.cfg.hidden_size, model.cfg.rms_norm_eps);
+        let norm = model.vec(w);
+        let (x, out) = self.pair(src, dst);
+        for t in 0..rows {
+            rmsnorm(&x[t * h..(t + 1) * h], norm, eps, &mut out[t * h..(t + 1) * h]);
+        }
+        Ok(())
+    }
+
+    fn project(
+        &mut self,
+        w: &TensorRef,
+        src: Plane,
+        dst: Plane,
+        rows: usize,
+        write: Write,
+    ) -> Result<(), ForwardError> {
+        let model = Arc::clone(&self.model);
+        let w = model.w(w);
+        let mut sum = std::mem::take(&mut self.s.sum);
+        let (x, out) = self.pair(src, dst);
+        write_out(write, out, &mut sum, rows * w.rows, |o| matmul(&w, &x[..rows * w.cols], rows, o));
+        self.s.sum = sum;
+        Ok(())
+    }
+
+    fn qk_norm_rope(
+        &mut self,
+        layer: usize,
+        q_norm: &TensorRef,
+        k_norm: &TensorRef,
+        kv: &mut KvCache,
+        start: usize,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let model = &self.model;
+        let cfg = &model.cfg;
+        let (hd, qd, kvd, eps) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim(), cfg.rms_norm_eps);
+        let (qn, kn) = (model.vec(q_norm), model.vec(k_norm));
+        let [_, _, q, k, v, ..] = &mut self.s.planes;
+        for t in 0..rows {
+            let pos = start + t;
+            for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                rmsnorm_inplace(head, qn, eps);
+                model.rope.apply(head, pos);
+            }
+            for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                rmsnorm_inplace(head, kn, eps);
+                model.rope.apply(head, pos);
+            }
+            kv.k[layer][pos * kvd..(pos + 1) * kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
+            kv.v[layer][pos * kvd..(pos + 1) * kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        kv: &KvCache,
+        start: usize,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let model = &self.model;
+        let cfg = &model.cfg;
+        let (hd, qd, kvd) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+        let ctx = model.max_context;
+        let s = &mut self.s;
+        let [_, _, q, _, _, attn, _] = &mut s.planes;
+        for t in 0..rows {
+            let n = start + t + 1;
+            let q = &q[t * qd..(t + 1) * qd];
+            let out = &mut attn[t * qd..(t + 1) * qd];
+            let per_head = |(head, (scores, o)): (usize, (&mut [f32], &mut [f32]))| {
+                let g = head / group;
+                let qh = &q[head * hd..(head + 1) * hd];
+                let sc = &mut scores[..n];
+                for (j, v) in sc.iter_mut().enumerate() {
+                    *v = dot_f32(qh, &kc[j * kvd + g * hd..j * kvd + (g + 1) * hd]) * scale;
+                }
+                softmax_inplace(sc);
+                o.fill(0.0);
+                for (j, &p) in sc.iter().enumerate() {
+                    let vj = &vc[j * kvd + g * hd..j * kvd + (g + 1) * hd];
+                    for (od, &vd) in o.iter_mut().zip(vj) {
+                        *od += p * vd;
+                    }
+                }
+            };
+            if n * qd < 1 << 14 {
+                s.scores.chunks_mut(ctx).zip(out.chunks_exact_mut(hd)).enumerate().for_each(per_head);
+            } else {
+                s.scores.par_chunks_mut(ctx).zip(out.par_chunks_exact_mut(hd)).enumerate().for_each(per_head);
+            }
+        }
+        Ok(())
+    }
+
+    fn swiglu(
+        &mut self,
+        gate: &TensorRef,
+        up: &TensorRef,
+        src: Plane,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let model = Arc::clone(&self.model);
+        let mut u = std::mem::take(&mut self.s.u);
+        let (x, g) = self.pair(src, Plane::Hidden);
+        gated(&model.w(gate), &model.w(up), &x[..rows * model.cfg.hidden_size], rows, g, &mut u);
+        self.s.u = u;
+        Ok(())
+    }
+
+    fn route_input(
+        &mut self,
+        _gate: &TensorRef,
+        _rows: usize,
+        job: &mut RouteJob,
+    ) -> Result<GateInput, ForwardError> {
+        std::mem::swap(job.hidden_mut(), &mut self.s.planes[Plane::Xn as usize]);
+        Ok(GateInput::Hidden)
+    }
+
+    fn route_output(&mut self, job: &mut RouteJob) -> Result<(), ForwardError> {
+        std::mem::swap(job.hidden_mut(), &mut self.s.planes[Plane::Xn as usize]);
+        Ok(())
+    }
+
+    fn expert_batch(&self, _rows: usize) -> usize {
+        1
+    }
+
+    fn experts(
+        &mut self,
+        _layer: usize,
+        plan: &RouteJob,
+        first: usize,
+        blobs: &[ExpertHandle],
+        _flush: Flush,
+    ) -> Result<bool, ForwardError> {
+        let layout = *self.model.vault.expert_layout();
+        let (h, k) = (self.model.cfg.hidden_size, plan.k());
+        let s = &mut self.s;
+        for (i, blob) in blobs.iter().enumerate() {
+            // The (token, rank) pairs routed to this member, in token order.
+            let pairs = plan.pairs_of(first + i);
+            let n = pairs.len();
+            let xn = &s.planes[Plane::Xn as usize];
+            for (j, &p) in pairs.iter().enumerate() {
+                let t = p as usize / k;
+                s.xsub[j * h..(j + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
+            }
+            let part = |p: &PartLayout| {
+                let off = p.offset as usize;
+                WeightView::from_bytes(
+                    layout.dtype,
+                    &blob[off..off + p.rows * p.cols * layout.dtype.size()],
+                    p.rows,
+                    p.cols,
+                )
+            };
+            let (gate, up, down) = (part(&layout.gate), part(&layout.up), part(&layout.down));
+            let g = &mut s.planes[Plane::Hidden as usize];
+            gated(&gate, &up, &s.xsub[..n * h], n, g, &mut s.u);
+            matmul(&down, &g[..n * gate.rows], n, &mut s.ysub[..n * h]);
+            for (j, &p) in pairs.iter().enumerate() {
+                let p = p as usize;
+                s.yk[p * h..(p + 1) * h].copy_from_slice(&s.ysub[j * h..(j + 1) * h]);
+            }
+        }
+        Ok(true)
+    }
+
+    fn combine(&mut self, plan: &RouteJob, rows: usize) -> Result<(), ForwardError> {
+        let (h, k) = (self.model.cfg.hidden_size, plan.k());
+        let topk_w = plan.topk_weights();
+        let s = &mut self.s;
+        let x = &mut s.planes[Plane::X as usize];
+        let acc = &mut s.sum[..h];
+        for t in 0..rows {
+            acc.fill(0.0);
+            for r in 0..k {
+                let w = topk_w[t * k + r];
+                let y = &s.yk[(t * k + r) * h..(t * k + r + 1) * h];
+                for (a, &yv) in acc.iter_mut().zip(y) {
+                    *a += yv * w;
+                }
+            }
+            for (xv, a) in x[t * h..(t + 1) * h].iter_mut().zip(acc.iter()) {
+                *xv += a;
+            }
+        }
+        Ok(())
+    }
+
+    fn lm_head(&mut self, norm: &TensorRef, lm_head: &TensorRef, row: usize) -> Result<(), ForwardError> {
+        let model = &self.model;
+        let (h, eps) = (model.cfg.hidden_size, model.cfg.rms_norm_eps);
+        let [x, xn, ..] = &mut self.s.planes;
+        rmsnorm(&x[row * h..(row + 1) * h], model.vec(norm), eps, &mut xn[..h]);
+        matvec(&model.w(lm_head), &xn[..h], &mut self.s.logits);
+        Ok(())
+    }
+
+    fn last_logits(&self) -> &[f32] {
+        &self.s.logits
+    }
+
+    fn finish(&mut self) -> Result<(), ForwardError> {
+        Ok(())
+    }
+
+    fn abandon(&mut self) {}
+}
+
+/// `g = silu(gate · x) ⊙ (up · x)` for `m` rows (`u` is scratch).
+fn gated(gate: &WeightView<'_>, up: &WeightView<'_>, x: &[f32], m: usize, g: &mut [f32], u: &mut [f32]) {
+    let inter = gate.rows;
+    let (g, u) = (&mut g[..m * inter], &mut u[..m * inter]);
+    matmul(gate, x, m, g);
+    matmul(up, x, m, u);
+    for (gv, &uv) in g.iter_mut().zip(u.iter()) {
+        *gv = silu(*gv) * uv;
+    }
+}

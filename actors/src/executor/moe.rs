@@ -1,0 +1,189 @@
+//! The MoE step, once for every backend: route the block through the router stage;
+//! claim the union from the ring in union order (in waves when the ring cannot hold the
+//! whole union at once), handing the claimed blobs to the backend in its batches; count
+//! and trace every claim; withdraw the rest of the announcements when a claim fails;
+//! combine the expert outputs; then queue a decode step's bets and record the union.
+
+use std::sync::Arc;
+
+use smoe_proto::{ClaimEvent, ClaimTally, ExpertHandle, ExpertKey, ExpertSource, RouteJob};
+
+use crate::contract::{Backend, Flush, ForwardError};
+use crate::model::Model;
+use crate::router::Router;
+use crate::vault::TensorRef;
+
+/// The MoE step's state: the router stage, the claims, and the union sizes.
+pub struct MoeStep {
+    router: Router,
+    claims: Claims,
+    spec_depth: usize,
+    union_sizes: Vec<usize>,
+}
+
+/// The claim side of the step: the handles the backend may still read, and the claim
+/// accounting.
+struct Claims {
+    experts: Arc<dyn ExpertSource>,
+    /// Most blobs held at once (the ring's slot count: holding more would wait forever).
+    hold_limit: usize,
+    /// Claimed blobs the backend may still read, from union position `held_from` on.
+    handles: Vec<ExpertHandle>,
+    held_from: usize,
+    tally: ClaimTally,
+    trace: Option<Vec<ClaimEvent>>,
+}
+
+impl MoeStep {
+    /// The step for blocks of up to `max_rows` tokens of `model`, claiming from
+    /// `experts`, which can hand out `hold_limit` blobs at once.
+    pub fn new(
+        model: &Arc<Model>,
+        experts: Arc<dyn ExpertSource>,
+        max_rows: usize,
+        hold_limit: usize,
+    ) -> Self {
+        let c = &model.cfg;
+        let job =
+            RouteJob::new(max_rows, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.norm_topk_prob);
+        MoeStep {
+            router: Router::spawn(Arc::clone(model), Arc::clone(&experts), job),
+            claims: Claims {
+                experts,
+                hold_limit: hold_limit.max(1),
+                handles: Vec::with_capacity(c.num_experts),
+                held_from: 0,
+                tally: ClaimTally::default(),
+                trace: None,
+            },
+            spec_depth: 0,
+            union_sizes: vec![0; c.num_hidden_layers],
+        }
+    }
+
+    /// Claim accounting since the step was created.
+    pub fn tally(&self) -> ClaimTally {
+        self.claims.tally
+    }
+
+    /// For each decoder layer, the union size of the last pass (0 for dense layers).
+    pub fn union_sizes(&self) -> &[usize] {
+        &self.union_sizes
+    }
+
+    /// Gate ranks beyond top-k that a single-token step queues as bets (0 disables).
+    pub fn set_spec_depth(&mut self, depth: usize) {
+        self.spec_depth = depth;
+    }
+
+    /// Starts recording every claim.
+    pub fn enable_trace(&mut self) {
+        self.claims.trace.get_or_insert_with(Vec::new);
+    }
+
+    /// The claims recorded since the last call, in execution order.
+    pub fn take_trace(&mut self) -> Vec<ClaimEvent> {
+        self.claims.trace.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Called before a pass's first layer.
+    pub fn begin_pass(&mut self) {
+        self.union_sizes.fill(0);
+    }
+
+    /// Called once the backend has synced at the end of a pass (or abandoned it): no
+    /// blob is read any more.
+    pub fn end_pass(&mut self) {
+        self.claims.handles.clear();
+    }
+
+    /// Runs the MoE block of decoder layer `l` (router gate `gate`) for the `m` rows of
+    /// [`Plane::Xn`](crate::contract::Plane::Xn) at positions `start..`, adding its
+    /// output to the residual stream.
+    pub fn run<B: Backend>(
+        &mut self,
+        b: &mut B,
+        l: usize,
+        gate: &TensorRef,
+        start: usize,
+        m: usize,
+    ) -> Result<(), ForwardError> {
+        let job = self.router.job_mut().ok_or(ForwardError::RouterStopped)?;
+        let input = b.route_input(gate, m, job)?;
+        // The backend has synced: nothing reads the previous layer's blobs any more.
+        self.claims.handles.clear();
+        job.request(l, m, input, self.spec_depth);
+        let job = self.router.route().map_err(|_| ForwardError::RouterStopped)?;
+        b.route_output(job)?;
+        let job: &RouteJob = job;
+        let n = job.union().len();
+        let claims = &mut self.claims;
+        if let Err(e) = claims.claim_union(b, job, l, start, m) {
+            for &e in job.announced_after(claims.held_from + claims.handles.len()) {
+                claims.experts.withdraw(ExpertKey::new(l, e as usize));
+            }
+            b.abandon();
+            claims.handles.clear();
+            return Err(e);
+        }
+        b.combine(job, m)?;
+        for &e in job.bets() {
+            claims.experts.prefetch(ExpertKey::new(l, e as usize));
+        }
+        self.union_sizes[l] = n;
+        if m > 1 {
+            metrics::histogram!(smoe_proto::metric_names::UNION_SIZE).record(n as f64);
+        }
+        Ok(())
+    }
+}
+
+impl Claims {
+    /// Claims the union in order and hands the blobs to the backend in its batches. On
+    /// a failed claim of member `ui`, returns with `held_from + handles.len() == ui`.
+    fn claim_union<B: Backend>(
+        &mut self,
+        b: &mut B,
+        job: &RouteJob,
+        l: usize,
+        start: usize,
+        m: usize,
+    ) -> Result<(), ForwardError> {
+        let (n, announced) = (job.union().len(), job.announced());
+        let batch = b.expert_batch(m).max(1);
+        self.held_from = 0;
+        // First union position not yet handed to the backend.
+        let mut first = 0;
+        for ui in 0..n {
+            if ui >= announced && self.handles.len() >= self.hold_limit {
+                // A wave: the ring could not take another claim while all our handles
+                // are alive, so the batch so far runs to completion and they go first.
+                b.experts(l, job, first, &self.handles[first - self.held_from..], Flush::Wait)?;
+                self.release(ui);
+                first = ui;
+            } else if ui > first && ui % batch == 0 {
+                if b.experts(l, job, first, &self.handles[first - self.held_from..], Flush::Overlap)? {
+                    self.release(ui);
+                }
+                first = ui;
+            }
+            let e = job.union()[ui] as usize;
+            let blob = self.experts.claim(ExpertKey::new(l, e))?;
+            self.tally.add(blob.info());
+            if let Some(trace) = self.trace.as_mut() {
+                trace.push(ClaimEvent::new(start, m, l, e, blob.info()));
+            }
+            self.handles.push(blob);
+        }
+        if first < n && b.experts(l, job, first, &self.handles[first - self.held_from..], Flush::Last)? {
+            self.release(n);
+        }
+        Ok(())
+    }
+
+    /// Drops every held handle; the next claim is union position `next`.
+    fn release(&mut self, next: usize) {
+        self.handles.clear();
+        self.held_from = next;
+    }
+}

@@ -1,0 +1,102 @@
+//! A forward pass on one backend: the model definition run over that backend's
+//! operations, with the MoE step's state, for blocks of up to `max_rows` tokens.
+
+use std::sync::Arc;
+
+use smoe_proto::{ClaimEvent, ClaimTally, ExpertSource};
+
+use super::moe::MoeStep;
+use crate::contract::{Backend, ForwardError, ForwardPass, KvState};
+use crate::model::{qwen3_moe, Model};
+
+/// The model definition over backend `B`.
+pub struct Pass<B: Backend> {
+    backend: B,
+    moe: MoeStep,
+    model: Arc<Model>,
+    max_rows: usize,
+}
+
+impl<B: Backend> Pass<B> {
+    /// A pass over `backend` (sized for `max_rows` tokens) taking experts from
+    /// `experts`, which hands out at most `hold_limit` blobs at once.
+    pub fn new(
+        backend: B,
+        model: Arc<Model>,
+        experts: Arc<dyn ExpertSource>,
+        max_rows: usize,
+        hold_limit: usize,
+    ) -> Self {
+        let max_rows = max_rows.max(1);
+        let moe = MoeStep::new(&model, experts, max_rows, hold_limit);
+        Pass { backend, moe, model, max_rows }
+    }
+
+    /// A new, empty cache for one session on this pass's backend.
+    pub fn new_kv(&self) -> Result<B::Kv, ForwardError> {
+        self.backend.new_kv()
+    }
+
+    /// The backend, for backend-specific settings.
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// The MoE step's state (accounting, trace, bets).
+    pub fn moe(&self) -> &MoeStep {
+        &self.moe
+    }
+
+    /// The MoE step's state, to change its settings.
+    pub fn moe_mut(&mut self) -> &mut MoeStep {
+        &mut self.moe
+    }
+
+    /// Runs `tokens` at positions `kv.len()..` after checking them against the model
+    /// and this pass's size; returns the last token's logits when asked.
+    pub fn run(
+        &mut self,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<Option<&[f32]>, ForwardError> {
+        self.model.check_block(kv.len(), tokens, self.max_rows)?;
+        qwen3_moe::forward(&mut self.backend, &mut self.moe, &self.model, kv, tokens, want_logits)
+    }
+}
+
+impl<B: Backend + Send> ForwardPass for Pass<B> {
+    type Kv = B::Kv;
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+    fn new_kv(&self) -> Result<B::Kv, ForwardError> {
+        Pass::new_kv(self)
+    }
+    fn forward(
+        &mut self,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<Option<&[f32]>, ForwardError> {
+        self.run(kv, tokens, want_logits)
+    }
+    fn last_union_sizes(&self) -> &[usize] {
+        self.moe.union_sizes()
+    }
+    fn tally(&self) -> ClaimTally {
+        self.moe.tally()
+    }
+    fn set_spec_depth(&mut self, depth: usize) {
+        self.moe.set_spec_depth(depth)
+    }
+    fn enable_trace(&mut self) {
+        self.moe.enable_trace()
+    }
+    fn take_trace(&mut self) -> Vec<ClaimEvent> {
+        self.moe.take_trace()
+    }
+}

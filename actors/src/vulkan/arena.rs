@@ -1,0 +1,72 @@
+//! The activation arena: one device buffer holding every activation plane of the
+//! largest block, plus the backend's own regions (router logits, per-pair expert
+//! outputs, logits), at fixed offsets.
+
+use crate::contract::Plane;
+use crate::model::Model;
+
+use super::VulkanError;
+
+/// Offsets (f32 elements) of the regions of the activation arena, and each plane's row
+/// width.
+#[derive(Clone, Copy, Debug)]
+pub struct Arena {
+    planes: [(u32, u32); 7],
+    /// Router logits, `rows × experts`.
+    pub router: u32,
+    /// Per-(token, rank) expert outputs, `rows · k × hidden`.
+    pub yk: u32,
+    /// Logits of one row.
+    pub logits: u32,
+    /// Elements in all.
+    pub len: u32,
+}
+
+impl Arena {
+    /// The layout for blocks of up to `m` tokens of `model`.
+    pub fn new(model: &Model, m: usize) -> Result<Arena, VulkanError> {
+        let c = &model.cfg;
+        let k = c.num_experts_per_tok.max(1);
+        let width = |p: Plane| match p {
+            Plane::X | Plane::Xn => c.hidden_size,
+            Plane::Q | Plane::Attn => c.q_dim(),
+            Plane::K | Plane::V => c.kv_dim(),
+            Plane::Hidden => c.intermediate_size,
+        };
+        // The hidden region also holds every pair's expert intermediate at once.
+        let size = |p: Plane| match p {
+            Plane::Hidden => (m * c.intermediate_size).max(m * k * c.moe_intermediate_size),
+            p => m * width(p),
+        };
+        let order = [Plane::X, Plane::Xn, Plane::Q, Plane::K, Plane::V, Plane::Attn, Plane::Hidden];
+        let mut off = 0u64;
+        let mut take = |n: usize| {
+            let at = off;
+            off = (off + n as u64).next_multiple_of(16);
+            at as u32
+        };
+        let mut planes = [(0, 0); 7];
+        for p in order {
+            planes[p as usize] = (take(size(p)), width(p) as u32);
+        }
+        let router = take(m * c.num_experts);
+        let yk = take(m * k * c.hidden_size);
+        let logits = take(c.vocab_size);
+        if off > u32::MAX as u64 / 2 {
+            return Err(VulkanError::Unsupported(format!(
+                "activations for {m} rows need {off} floats; lower the chunk size"
+            )));
+        }
+        Ok(Arena { planes, router, yk, logits, len: off as u32 })
+    }
+
+    /// Offset of plane `p`'s row 0.
+    pub fn at(&self, p: Plane) -> u32 {
+        self.planes[p as usize].0
+    }
+
+    /// Elements per row of plane `p`.
+    pub fn width(&self, p: Plane) -> u32 {
+        self.planes[p as usize].1
+    }
+}

@@ -1,0 +1,398 @@
+//! [`VulkanBackend`]: the [`Backend`] operations recorded into command buffers on the
+//! executor thread. Operations append to the current recording; the sync points submit
+//! it (after the work still in flight and any staging upload) and wait: one host sync
+//! per MoE layer (the router's logits come back) and one at the end of a pass.
+
+use std::sync::Arc;
+
+use smoe_proto::{ExpertHandle, GateInput, RouteJob};
+use vulkano::buffer::{BufferUsage, Subbuffer};
+use vulkano::command_buffer::{CommandBufferUsage, PrimaryAutoCommandBuffer};
+use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
+use vulkano::sync::GpuFuture;
+
+use super::allocator::ArenaRegistry;
+use super::arena::Arena;
+use super::buffers::{device_buffer, host_buffer, verr};
+use super::context::VulkanContext;
+use super::experts::{ExpertPath, ExpertState};
+use super::kv::{KvLayer, VulkanKvCache};
+use super::pipelines::{Kernels, MatmulTuning};
+use super::record::{MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
+use super::weights::DeviceModel;
+use super::VulkanError;
+use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
+use crate::model::Model;
+use crate::vault::TensorRef;
+
+/// Device state of one forward pass (lives on the executor thread).
+pub struct VulkanBackend {
+    pub(super) ctx: Arc<VulkanContext>,
+    pub(super) kernels: Arc<Kernels>,
+    pub(super) model: Arc<Model>,
+    weights: DeviceModel,
+    pub(super) a: Arena,
+    act: Subbuffer<[f32]>,
+    act_set: Arc<DescriptorSet>,
+    /// Host-visible: embeddings in, router logits and logits out.
+    io: Subbuffer<[f32]>,
+    /// Where in `io` the router logits and the logits lie.
+    io_router: usize,
+    io_logits: usize,
+    /// The recording in progress.
+    rec: Option<Recorder>,
+    /// A staging upload to run before `rec`.
+    pub(super) transfer: Option<Arc<PrimaryAutoCommandBuffer>>,
+    /// Work submitted but not waited for (staged batches of the current layer).
+    pending: Option<Box<dyn GpuFuture>>,
+    logits: Vec<f32>,
+    /// The routing buffer and expert-blob bindings.
+    pub(super) ex: ExpertState,
+}
+
+impl VulkanBackend {
+    /// Uploads the resident weights of `model` and sizes everything for `max_rows`
+    /// tokens; `arenas` are the ring arenas whose slots kernels read in place.
+    pub fn new(
+        ctx: Arc<VulkanContext>,
+        arenas: ArenaRegistry,
+        model: Arc<Model>,
+        max_rows: usize,
+    ) -> Result<VulkanBackend, VulkanError> {
+        let c = model.cfg.clone();
+        if c.head_dim > 512 {
+            return Err(VulkanError::Unsupported(format!("head_dim {} > 512", c.head_dim)));
+        }
+        let m = max_rows.max(1);
+        let kernels = Arc::new(Kernels::new(&ctx.device, MatmulTuning::default())?);
+        let a = Arena::new(&model, m)?;
+        let act = device_buffer::<f32>(&ctx, a.len as u64, BufferUsage::STORAGE_BUFFER)?;
+        let ex = ExpertState::new(&ctx, &model, m, arenas)?;
+        let (io_router, io_logits) = (m * c.hidden_size, m * (c.hidden_size + c.num_experts));
+        let io = host_buffer::<f32>(&ctx, (io_logits + c.vocab_size) as u64, BufferUsage::empty())?;
+        let act_set = DescriptorSet::new(
+            ctx.descriptors.clone(),
+            kernels.act_layout.clone(),
+            [WriteDescriptorSet::buffer(0, act.clone()), WriteDescriptorSet::buffer(1, ex.route_buf.clone())],
+            [],
+        )
+        .map_err(verr("creating the activation set"))?;
+        let weights = DeviceModel::upload(&ctx, &kernels, &model)?;
+        Ok(VulkanBackend {
+            weights,
+            a,
+            act,
+            act_set,
+            io,
+            io_router,
+            io_logits,
+            rec: None,
+            transfer: None,
+            pending: None,
+            logits: Vec::with_capacity(c.vocab_size),
+            ex,
+            kernels,
+            ctx,
+            model,
+        })
+    }
+
+    /// Picks the expert path; a staged path on a device without separate device memory
+    /// (where the default reads ring slots in place) allocates the layer slots first.
+    pub fn set_path(&mut self, path: ExpertPath) -> Result<(), VulkanError> {
+        self.ex.set_path(&self.ctx, &self.model, path)
+    }
+
+    /// The recording in progress (started on first use).
+    pub(super) fn rec(&mut self) -> Result<&mut Recorder, VulkanError> {
+        if self.rec.is_none() {
+            let rec = Recorder::new(
+                &self.ctx,
+                self.kernels.clone(),
+                self.act_set.clone(),
+                CommandBufferUsage::OneTimeSubmit,
+            )?;
+            self.rec = Some(rec);
+        }
+        Ok(self.rec.as_mut().expect("just started"))
+    }
+
+    /// Submits the recording after the work still in flight and, where one is pending,
+    /// after the staging upload (on the transfer queue where the device has one: it
+    /// waits for nothing else, so it overlaps the work in flight, and the recording waits
+    /// for it through a semaphore). With `wait` the host waits for everything; otherwise
+    /// the submission stays in flight and the next one is ordered after it.
+    pub(super) fn submit(&mut self, wait: bool) -> Result<(), VulkanError> {
+        self.rec()?;
+        let rec = self.rec.take().expect("just started");
+        let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
+        let e = verr("running a layer step");
+        let now = || vulkano::sync::now(self.ctx.device.clone()).boxed();
+        let start = self.pending.take().unwrap_or_else(now);
+        let start = match (self.transfer.take(), &self.ctx.transfer) {
+            (Some(t), Some(q)) => {
+                let upload = now()
+                    .then_execute(q.clone(), t)
+                    .map_err(&e)?
+                    .then_signal_semaphore_and_flush()
+                    .map_err(verr("submitting a staging upload"))?;
+                start.join(upload).boxed()
+            }
+            (Some(t), None) => start.then_execute(self.ctx.compute.clone(), t).map_err(&e)?.boxed(),
+            (None, _) => start,
+        };
+        let run = start.then_execute(self.ctx.compute.clone(), cb).map_err(&e)?;
+        if wait {
+            run.then_signal_fence_and_flush()
+                .map_err(verr("submitting a layer step"))?
+                .wait(None)
+                .map_err(verr("waiting for a layer step"))?;
+        } else {
+            let f = run.then_signal_semaphore_and_flush().map_err(verr("submitting a layer step"))?;
+            self.pending = Some(f.boxed());
+        }
+        Ok(())
+    }
+
+    /// Matmul arguments reading plane `src` and writing plane `dst` for `rows` rows.
+    fn args(&self, src: Plane, dst: Plane, rows: usize) -> MatmulArgs {
+        let a = &self.a;
+        MatmulArgs {
+            m: rows as u32,
+            x_off: a.at(src),
+            x_stride: a.width(src),
+            out_off: a.at(dst),
+            out_stride: a.width(dst),
+            ..Default::default()
+        }
+    }
+}
+
+impl Backend for VulkanBackend {
+    type Kv = VulkanKvCache;
+
+    fn new_kv(&self) -> Result<VulkanKvCache, ForwardError> {
+        let c = &self.model.cfg;
+        let n = (self.model.max_context * c.kv_dim()) as u64;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for lr in &self.model.layers {
+            let k = device_buffer::<f32>(&self.ctx, n, BufferUsage::STORAGE_BUFFER)?;
+            let v = device_buffer::<f32>(&self.ctx, n, BufferUsage::STORAGE_BUFFER)?;
+            let (kb, vb) = (k.clone().reinterpret::<[u8]>(), v.clone().reinterpret::<[u8]>());
+            let w = &self.weights;
+            let bufs = [
+                w.vector(&lr.q_norm)?.0.clone(),
+                w.vector(&lr.k_norm)?.0.clone(),
+                w.rope_cos.clone(),
+                w.rope_sin.clone(),
+                kb.clone(),
+                vb.clone(),
+            ];
+            let rope = super::record::set0(&self.ctx, &self.kernels.qk_rope, &bufs)?;
+            let attn = super::record::set0(&self.ctx, &self.kernels.attention, &[kb, vb])?;
+            layers.push(KvLayer { rope, attn, _k: k, _v: v });
+        }
+        Ok(VulkanKvCache::new(Arc::new(layers)))
+    }
+
+    fn embed(&mut self, embed: &TensorRef, tokens: &[u32]) -> Result<(), ForwardError> {
+        let h = self.model.cfg.hidden_size;
+        let m = tokens.len();
+        {
+            let mut io = self.io.write().map_err(verr("writing embeddings"))?;
+            let w = self.model.w(embed);
+            for (t, &tok) in tokens.iter().enumerate() {
+                w.row_to_f32(tok as usize, &mut io[t * h..(t + 1) * h]);
+            }
+        }
+        let x = self.a.at(Plane::X) as u64;
+        let (src, dst) =
+            (self.io.clone().slice(0..(m * h) as u64), self.act.clone().slice(x..x + (m * h) as u64));
+        Ok(self.rec()?.copy(src, dst)?)
+    }
+
+    fn rmsnorm(&mut self, w: &TensorRef, src: Plane, dst: Plane, rows: usize) -> Result<(), ForwardError> {
+        let set = self.weights.vector(w)?.1.clone();
+        let (a, eps) = (self.a, self.model.cfg.rms_norm_eps);
+        let n = a.width(src);
+        Ok(self.rec()?.rmsnorm(set, n, rows as u32, a.at(src), n, a.at(dst), a.width(dst), eps)?)
+    }
+
+    fn project(
+        &mut self,
+        w: &TensorRef,
+        src: Plane,
+        dst: Plane,
+        rows: usize,
+        write: Write,
+    ) -> Result<(), ForwardError> {
+        let mut args = self.args(src, dst, rows);
+        if write == Write::Add {
+            args.flags = FLAG_ACCUMULATE;
+        }
+        self.rec()?;
+        let rec = self.rec.as_mut().expect("started");
+        Ok(self.weights.matrix(w)?.record(rec, args, rows > 1)?)
+    }
+
+    fn qk_norm_rope(
+        &mut self,
+        layer: usize,
+        _q_norm: &TensorRef,
+        _k_norm: &TensorRef,
+        kv: &mut VulkanKvCache,
+        start: usize,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        // The layer's norm weights are bound in its cache set (see `new_kv`).
+        let c = &self.model.cfg;
+        let (hd, nh, nkv) = (c.head_dim as u32, c.num_attention_heads as u32, c.num_key_value_heads as u32);
+        let a = self.a;
+        let push = [
+            hd,
+            nh,
+            nkv,
+            a.at(Plane::Q),
+            a.at(Plane::K),
+            a.at(Plane::V),
+            start as u32,
+            c.rms_norm_eps.to_bits(),
+        ];
+        let (k, set) = (self.kernels.qk_rope.clone(), kv.layers[layer].rope.clone());
+        Ok(self.rec()?.dispatch(&k, Some(set), push, [nh + nkv, rows as u32, 1])?)
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        kv: &VulkanKvCache,
+        start: usize,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let c = &self.model.cfg;
+        let (hd, nh, nkv) = (c.head_dim as u32, c.num_attention_heads as u32, c.num_key_value_heads as u32);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let a = self.a;
+        let push = [hd, nh, nkv, a.at(Plane::Q), a.at(Plane::Attn), start as u32, scale.to_bits()];
+        let (k, set) = (self.kernels.attention.clone(), kv.layers[layer].attn.clone());
+        Ok(self.rec()?.dispatch(&k, Some(set), push, [nh, rows as u32, 1])?)
+    }
+
+    fn swiglu(
+        &mut self,
+        gate: &TensorRef,
+        up: &TensorRef,
+        src: Plane,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let base = self.args(src, Plane::Hidden, rows);
+        let (dtype, inter) = {
+            let g = &self.weights.matrix(gate)?.w;
+            (g.dtype, g.rows as u32)
+        };
+        self.rec()?;
+        let rec = self.rec.as_mut().expect("started");
+        let gu = self.weights.gate_up(&self.ctx, &self.kernels, gate, up)?;
+        for ((row0, n), set) in &gu.ranges {
+            let a = MatmulArgs {
+                rows: *n,
+                cols: base.x_stride,
+                out_off: base.out_off + row0,
+                out_stride: inter,
+                ..base
+            };
+            rec.matmul(Projection::GateUp, dtype, rows > 1, set.clone(), a)?;
+        }
+        Ok(())
+    }
+
+    fn route_input(
+        &mut self,
+        gate: &TensorRef,
+        rows: usize,
+        job: &mut RouteJob,
+    ) -> Result<GateInput, ForwardError> {
+        let ne = self.model.cfg.num_experts;
+        let a = self.a;
+        let args =
+            MatmulArgs { out_off: a.router, out_stride: ne as u32, ..self.args(Plane::Xn, Plane::Xn, rows) };
+        self.rec()?;
+        let rec = self.rec.as_mut().expect("started");
+        self.weights.matrix(gate)?.record(rec, args, rows > 1)?;
+        let n = (rows * ne) as u64;
+        let (r0, io0) = (a.router as u64, self.io_router as u64);
+        rec.copy(self.act.clone().slice(r0..r0 + n), self.io.clone().slice(io0..io0 + n))?;
+        self.submit(true)?;
+        let io = self.io.read().map_err(verr("reading router logits"))?;
+        job.logits_mut()[..rows * ne].copy_from_slice(&io[self.io_router..self.io_router + rows * ne]);
+        Ok(GateInput::Logits)
+    }
+
+    fn route_output(&mut self, job: &mut RouteJob) -> Result<(), ForwardError> {
+        Ok(self.ex.write_routing(&self.model, job)?)
+    }
+
+    fn expert_batch(&self, rows: usize) -> usize {
+        self.ex.batch(rows)
+    }
+
+    fn experts(
+        &mut self,
+        layer: usize,
+        plan: &RouteJob,
+        first: usize,
+        blobs: &[ExpertHandle],
+        flush: Flush,
+    ) -> Result<bool, ForwardError> {
+        debug_assert!(self.transfer.is_none(), "a staging upload was left unsubmitted");
+        self.transfer = self.record_experts(layer, plan.rows(), first, blobs)?;
+        match flush {
+            Flush::Last => Ok(false),
+            Flush::Overlap => self.submit(false).map(|()| false).map_err(Into::into),
+            Flush::Wait => self.submit(true).map(|()| true).map_err(Into::into),
+        }
+    }
+
+    fn combine(&mut self, plan: &RouteJob, rows: usize) -> Result<(), ForwardError> {
+        let (h, k) = (self.model.cfg.hidden_size as u32, plan.k() as u32);
+        let a = self.a;
+        let kacc = self.kernels.accumulate.clone();
+        let push = [h, k, a.yk, a.at(Plane::X), rows as u32 * k];
+        Ok(self.rec()?.dispatch(&kacc, None, push, [h.div_ceil(256), rows as u32, 1])?)
+    }
+
+    fn lm_head(&mut self, norm: &TensorRef, lm_head: &TensorRef, row: usize) -> Result<(), ForwardError> {
+        let c = &self.model.cfg;
+        let (h, vocab, eps) = (c.hidden_size as u32, c.vocab_size, c.rms_norm_eps);
+        let a = self.a;
+        let set = self.weights.vector(norm)?.1.clone();
+        let last = a.at(Plane::X) + row as u32 * h;
+        self.rec()?.rmsnorm(set, h, 1, last, h, a.at(Plane::Xn), h, eps)?;
+        let args = MatmulArgs { out_off: a.logits, out_stride: 0, ..self.args(Plane::Xn, Plane::Xn, 1) };
+        let rec = self.rec.as_mut().expect("started");
+        self.weights.matrix(lm_head)?.record(rec, args, false)?;
+        let (lo, io0, v) = (a.logits as u64, self.io_logits as u64, vocab as u64);
+        rec.copy(self.act.clone().slice(lo..lo + v), self.io.clone().slice(io0..io0 + v))?;
+        self.submit(true)?;
+        let io = self.io.read().map_err(verr("reading logits"))?;
+        self.logits.clear();
+        self.logits.extend_from_slice(&io[self.io_logits..self.io_logits + vocab]);
+        Ok(())
+    }
+
+    fn last_logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    fn finish(&mut self) -> Result<(), ForwardError> {
+        Ok(self.submit(true)?)
+    }
+
+    fn abandon(&mut self) {
+        self.rec = None;
+        self.transfer = None;
+        // Dropping the work in flight waits for it, so no kernel or upload still reads a
+        // blob whose handle goes next.
+        self.pending = None;
+    }
+}

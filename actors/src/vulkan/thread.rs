@@ -1,0 +1,236 @@
+//! [`VulkanPass`]: the model definition over [`VulkanBackend`] on the executor thread.
+//! vulkano's command-buffer builders are not `Send`, so the backend lives on one thread
+//! (a [`ThreadActor`]) and this handle sends it plain messages and waits for replies.
+
+use std::sync::Arc;
+
+use super::allocator::{ArenaRegistry, VulkanAllocator};
+use super::backend::VulkanBackend;
+use super::context::{DeviceInfo, VulkanContext};
+use super::experts::ExpertPath;
+use super::kv::VulkanKvCache;
+use super::VulkanError;
+use smoe_proto::{ClaimEvent, ClaimTally};
+
+use crate::contract::{ForwardError, ForwardPass, KvState};
+use crate::engine::Engine;
+use crate::executor::Pass;
+use crate::mailbox::{SpawnError, ThreadActor};
+use crate::model::Model;
+
+/// A request to the executor thread.
+enum Job {
+    /// Run a block: the cache (its device buffers are shared), the tokens, whether to
+    /// return logits, the bet depth, whether to trace, and the buffers the reply fills
+    /// (moved back and forth, so a step allocates nothing).
+    Forward {
+        kv: VulkanKvCache,
+        tokens: Vec<u32>,
+        want_logits: bool,
+        spec_depth: usize,
+        trace: bool,
+        logits: Vec<f32>,
+        union_sizes: Vec<usize>,
+    },
+    NewKv,
+    ExpertPath(ExpertPath),
+}
+
+/// The executor thread's answer.
+enum Reply {
+    Forward {
+        result: Result<(), ForwardError>,
+        kv: VulkanKvCache,
+        tokens: Vec<u32>,
+        logits: Vec<f32>,
+        union_sizes: Vec<usize>,
+        tally: ClaimTally,
+        trace: Vec<ClaimEvent>,
+    },
+    NewKv(Result<VulkanKvCache, ForwardError>),
+    ExpertPath(Result<(), VulkanError>),
+}
+
+/// What the executor thread owns: the pass over the device.
+struct Worker {
+    pass: Pass<VulkanBackend>,
+}
+
+fn serve(ex: &mut Worker, job: Job) -> Reply {
+    match job {
+        Job::Forward { mut kv, tokens, want_logits, spec_depth, trace, mut logits, mut union_sizes } => {
+            let pass = &mut ex.pass;
+            pass.moe_mut().set_spec_depth(spec_depth);
+            if trace {
+                pass.moe_mut().enable_trace();
+            }
+            let result = pass.run(&mut kv, &tokens, want_logits).map(|l| {
+                logits.clear();
+                logits.extend_from_slice(l.unwrap_or(&[]));
+            });
+            union_sizes.clone_from_slice(pass.moe().union_sizes());
+            Reply::Forward {
+                result,
+                kv,
+                tokens,
+                logits,
+                union_sizes,
+                tally: pass.moe().tally(),
+                trace: pass.moe_mut().take_trace(),
+            }
+        }
+        Job::NewKv => Reply::NewKv(ex.pass.new_kv()),
+        Job::ExpertPath(p) => Reply::ExpertPath(ex.pass.backend_mut().set_path(p)),
+    }
+}
+
+/// Runs blocks of tokens through the model on a Vulkan device: the model definition
+/// and MoE step shared with every backend, with the cache on the device.
+pub struct VulkanPass {
+    actor: ThreadActor<Job, Reply>,
+    ctx: Arc<VulkanContext>,
+    arenas: ArenaRegistry,
+    model: Arc<Model>,
+    max_rows: usize,
+    logits: Vec<f32>,
+    tokens: Vec<u32>,
+    union_sizes: Vec<usize>,
+    tally: ClaimTally,
+    spec_depth: usize,
+    trace: Option<Vec<ClaimEvent>>,
+}
+
+impl VulkanPass {
+    /// A pass over `engine`'s model and ring, whose slots `alloc` allocated, for blocks
+    /// of up to `max_rows` tokens: uploads the resident weights and allocates every
+    /// device buffer on the executor thread.
+    pub fn for_engine(
+        ctx: Arc<VulkanContext>,
+        alloc: &VulkanAllocator,
+        engine: &Engine,
+        max_rows: usize,
+    ) -> Result<VulkanPass, VulkanError> {
+        VulkanPass::start(ctx, alloc.registry(), engine, max_rows)
+    }
+
+    /// Another pass on the same device over `engine` (whose ring this pass's allocator
+    /// made), for blocks of up to `max_rows` tokens.
+    pub fn sibling(&self, engine: &Engine, max_rows: usize) -> Result<VulkanPass, VulkanError> {
+        VulkanPass::start(self.ctx.clone(), self.arenas.clone(), engine, max_rows)
+    }
+
+    fn start(
+        ctx: Arc<VulkanContext>,
+        arenas: ArenaRegistry,
+        engine: &Engine,
+        max_rows: usize,
+    ) -> Result<VulkanPass, VulkanError> {
+        let (model, ring) = (engine.model.clone(), engine.ring.clone());
+        let (c, a, m) = (ctx.clone(), arenas.clone(), model.clone());
+        let hold_limit = ring.n_slots();
+        let init = move || {
+            let backend = VulkanBackend::new(c, a, m.clone(), max_rows)?;
+            Ok(Worker { pass: Pass::new(backend, m, ring, max_rows, hold_limit) })
+        };
+        let actor = ThreadActor::spawn("vulkan", init, serve).map_err(|e| match e {
+            SpawnError::Init(e) => e,
+            e => VulkanError::Vulkan(format!("starting the executor thread: {e}")),
+        })?;
+        let layers = model.cfg.num_hidden_layers;
+        Ok(VulkanPass {
+            actor,
+            ctx,
+            arenas,
+            max_rows: max_rows.max(1),
+            logits: Vec::with_capacity(model.cfg.vocab_size),
+            tokens: Vec::with_capacity(max_rows),
+            union_sizes: vec![0; layers],
+            tally: ClaimTally::default(),
+            spec_depth: 0,
+            trace: None,
+            model,
+        })
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.ctx.info
+    }
+
+    /// Chooses where expert kernels read blobs: in place from the ring, or staged into
+    /// device-local layer slots for prefill blocks (the default where the device has
+    /// its own memory) or for every block. On single-heap devices a staged path first
+    /// allocates the two layer slots (there it only serves to check staging).
+    pub fn set_expert_path(&self, path: ExpertPath) -> Result<(), VulkanError> {
+        match self.actor.call(Job::ExpertPath(path)) {
+            Ok(Reply::ExpertPath(r)) => r,
+            _ => Err(VulkanError::ExecutorGone),
+        }
+    }
+}
+
+impl ForwardPass for VulkanPass {
+    type Kv = VulkanKvCache;
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+    fn new_kv(&self) -> Result<VulkanKvCache, ForwardError> {
+        match self.actor.call(Job::NewKv) {
+            Ok(Reply::NewKv(r)) => r,
+            _ => Err(VulkanError::ExecutorGone.into()),
+        }
+    }
+    fn forward(
+        &mut self,
+        kv: &mut VulkanKvCache,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<Option<&[f32]>, ForwardError> {
+        let mut batch = std::mem::take(&mut self.tokens);
+        batch.clear();
+        batch.extend_from_slice(tokens);
+        let job = Job::Forward {
+            kv: kv.clone(),
+            tokens: batch,
+            want_logits,
+            spec_depth: self.spec_depth,
+            trace: self.trace.is_some(),
+            logits: std::mem::take(&mut self.logits),
+            union_sizes: std::mem::take(&mut self.union_sizes),
+        };
+        let gone = || ForwardError::Device(VulkanError::ExecutorGone.to_string());
+        let Reply::Forward { result, kv: done, tokens, logits, union_sizes, tally, trace } =
+            self.actor.call(job).map_err(|_| gone())?
+        else {
+            return Err(gone());
+        };
+        self.tokens = tokens;
+        self.logits = logits;
+        self.union_sizes = union_sizes;
+        self.tally = tally;
+        if let Some(t) = self.trace.as_mut() {
+            t.extend(trace);
+        }
+        result?;
+        kv.advance(done.len() - kv.len());
+        Ok(want_logits.then_some(self.logits.as_slice()))
+    }
+    fn last_union_sizes(&self) -> &[usize] {
+        &self.union_sizes
+    }
+    fn tally(&self) -> ClaimTally {
+        self.tally
+    }
+    fn set_spec_depth(&mut self, depth: usize) {
+        self.spec_depth = depth;
+    }
+    fn enable_trace(&mut self) {
+        self.trace.get_or_insert_with(Vec::new);
+    }
+    fn take_trace(&mut self) -> Vec<ClaimEvent> {
+        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+}

@@ -1,0 +1,74 @@
+//! The name of every Prometheus metric smoe-pipeline exports, and of their labels. The
+//! stages that emit a metric and the daemon that registers and describes it both use
+//! these constants, so each name is written once; `grafana/dashboards/smoe-pipeline.json`
+//! queries them by these names.
+
+// Ring cache.
+
+/// Counter: expert claims served from the ring without a read on their behalf.
+pub const RING_HITS: &str = "smoe_ring_hits_total";
+/// Counter: expert claims that needed a demand read.
+pub const RING_MISSES: &str = "smoe_ring_misses_total";
+/// Counter: idle ring slots recycled for another expert.
+pub const RING_EVICTIONS: &str = "smoe_ring_evictions_total";
+/// Gauge: ring slots per state; label [`LABEL_STATE`], one of
+/// [`SLOT_STATES`](crate::stats::SLOT_STATES).
+pub const RING_SLOTS: &str = "smoe_ring_slots";
+/// Counter: speculative expert reads issued (bets on the next token).
+pub const SPEC_BETS: &str = "smoe_spec_bets_total";
+/// Counter: speculative expert reads that a claim later used.
+pub const SPEC_BETS_USED: &str = "smoe_spec_bets_used_total";
+
+// Streamer.
+
+/// Counter: bytes read from the vault (demand and speculative).
+pub const READ_BYTES: &str = "smoe_read_bytes_total";
+/// Counter: expert blobs read from the vault.
+pub const BLOB_READS: &str = "smoe_blob_reads_total";
+/// Counter: expert reads that failed (I/O error, short read, checksum).
+pub const READ_ERRORS: &str = "smoe_read_errors_total";
+/// Histogram: seconds of one expert blob read.
+pub const READ_LATENCY_SECONDS: &str = "smoe_read_latency_seconds";
+/// Gauge: reads waiting in the streamer's queues; label [`LABEL_QUEUE`], one of
+/// [`IO_QUEUES`](crate::stats::IO_QUEUES).
+pub const IO_QUEUE_DEPTH: &str = "smoe_io_queue_depth";
+
+// The MoE step.
+
+/// Histogram: distinct experts per MoE layer per prefill chunk (the union's size).
+pub const UNION_SIZE: &str = "smoe_union_size";
+
+// Scheduler.
+
+/// Gauge: jobs waiting for the compute thread.
+pub const QUEUE_LENGTH: &str = "smoe_queue_length";
+/// Gauge: jobs being computed.
+pub const ACTIVE_REQUESTS: &str = "smoe_active_requests";
+/// Gauge: token streams held in the session store for prefix reuse.
+pub const SESSIONS: &str = "smoe_sessions";
+/// Histogram: seconds from admission to the first generated token.
+pub const TTFT_SECONDS: &str = "smoe_ttft_seconds";
+/// Histogram: seconds between consecutive generated tokens.
+pub const TOKEN_LATENCY_SECONDS: &str = "smoe_token_latency_seconds";
+/// Counter: prompt tokens run through the model (the suffix beyond the reused prefix).
+pub const PREFILL_TOKENS: &str = "smoe_prefill_tokens_total";
+/// Counter: tokens generated.
+pub const DECODE_TOKENS: &str = "smoe_decode_tokens_total";
+/// Counter: prompt tokens served from a stored session instead of being prefilled.
+pub const CACHED_PROMPT_TOKENS: &str = "smoe_cached_prompt_tokens_total";
+
+// HTTP daemon.
+
+/// Counter: API requests; labels [`LABEL_ENDPOINT`] and [`LABEL_STATUS`].
+pub const REQUESTS: &str = "smoe_requests_total";
+
+// Labels.
+
+/// Label of [`RING_SLOTS`]: the slot state.
+pub const LABEL_STATE: &str = "state";
+/// Label of [`IO_QUEUE_DEPTH`]: the queue.
+pub const LABEL_QUEUE: &str = "queue";
+/// Label of [`REQUESTS`]: the route (`/v1/...`, or `unmatched`).
+pub const LABEL_ENDPOINT: &str = "endpoint";
+/// Label of [`REQUESTS`]: the HTTP status code.
+pub const LABEL_STATUS: &str = "status";

@@ -1,0 +1,39 @@
+//! Plain-data snapshots of engine state. The engine takes them and publishes them; the
+//! application (CLI statistics, the daemon's metrics) reads these, never a stage itself.
+
+/// Names of the ring slot states, indexed by state value (as
+/// [`RingSnapshot::slots`] is): a slot goes empty → loading → ready → consumed, and back
+/// to empty only by eviction or a failed read.
+pub const SLOT_STATES: [&str; 4] = ["empty", "loading", "ready", "consumed"];
+
+/// Names of the streamer's read queues, indexed as [`RingSnapshot::io_queue_depth`] is:
+/// demand reads are always served before speculative ones.
+pub const IO_QUEUES: [&str; 2] = ["demand", "speculative"];
+
+/// The ring cache and its streamer at one moment: counters (monotonic since start) and
+/// levels (`slots`, `io_queue_depth`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RingSnapshot {
+    /// Claims satisfied without a read on their behalf.
+    pub hits: u64,
+    /// Claims that needed a demand read.
+    pub misses: u64,
+    /// Idle slots recycled for another expert.
+    pub evictions: u64,
+    /// Bytes read from disk (demand and speculative).
+    pub bytes_read: u64,
+    /// Blobs read from disk (demand and speculative).
+    pub blob_reads: u64,
+    /// Speculative reads issued.
+    pub bets_issued: u64,
+    /// Speculative reads later claimed.
+    pub bets_used: u64,
+    /// Bytes read speculatively.
+    pub bet_bytes: u64,
+    /// Reads that failed (I/O error, short read, checksum).
+    pub read_errors: u64,
+    /// Slots per state, indexed as [`SLOT_STATES`].
+    pub slots: [u64; 4],
+    /// Reads waiting per queue, indexed as [`IO_QUEUES`].
+    pub io_queue_depth: [u64; 2],
+}
