@@ -63,7 +63,9 @@ fn default_prompts(chunks: &[usize], vocab: usize) -> Vec<Vec<u32>> {
     lens.into_iter().map(|n| (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()).collect()
 }
 
-fn read_prompts(path: &Path, vault: &Path) -> Result<Vec<Vec<u32>>> {
+/// Reads a prompt file: one prompt per line, a JSON array of token ids or text
+/// (tokenized with `vault`'s tokenizer).
+pub(crate) fn read_prompts(path: &Path, vault: &Path) -> Result<Vec<Vec<u32>>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut tok = None;
     let mut out = Vec::new();
