@@ -103,6 +103,9 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
         None => default_prompts(&args.chunk_sizes, vocab),
     };
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1);
+    if let Some(n) = args.ring_slots {
+        crate::settings::RING_SLOTS.check_usize(n)?;
+    }
     let opts = EngineOptions {
         max_context: longest + args.tokens,
         ring: args.ring_slots.map_or(RingSize::Bytes(DEFAULT_RING_BYTES), RingSize::Slots),

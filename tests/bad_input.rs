@@ -258,6 +258,14 @@ fn out_of_range_engine_flags_are_errors_naming_flag_and_range() {
 }
 
 #[test]
+fn verify_refuses_a_ring_of_no_slots_like_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let err = run_err(&["verify", "--vault", vault.to_str().unwrap(), "--ring-slots", "0"]);
+    assert!(err.contains("`ring_slots` (--ring-slots): must be between 1 and 16777216, got 0"), "{err}");
+}
+
+#[test]
 fn ring_bytes_take_units() {
     let dir = tempfile::tempdir().unwrap();
     let vault = convert("moe_all", dir.path(), &[]);
