@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::quant::Quant;
+use crate::settings::ByteSize;
 
 /// smoe-pipeline: run mixture-of-experts models larger than memory by streaming
 /// routed experts from NVMe.
@@ -27,6 +28,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Check that layer-major prefill is byte-identical to token-serial replay.
     Verify(VerifyArgs),
+    /// Read a whole vault and verify every checksum (resident tensors and expert blobs).
+    Check(CheckArgs),
     /// Write a random-weight vault at the shape of a real model.
     Synth(SynthArgs),
     /// List the Vulkan devices (index for --device, memory heaps, key limits).
@@ -50,13 +53,13 @@ pub struct GgufInfoArgs {
 /// Arguments of `synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Vault directory to write.
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Model shape: tiny, small, qwen3-30b-a3b or qwen3-235b-a22b.
-    #[arg(long)]
-    pub preset: String,
-    /// Keep only the first N layers (so the vault fits the disk at hand).
+    /// Directory to write: a vault, or with `--format hf` a HuggingFace checkpoint.
+    #[arg(long, required_unless_present = "vault")]
+    pub out: Option<PathBuf>,
+    /// Model shape: tiny, tiny-e128, small, qwen3-30b-a3b or qwen3-235b-a22b.
+    #[arg(long, required_unless_present = "vault")]
+    pub preset: Option<String>,
+    /// Keep only the first N layers (so the model fits the disk at hand).
     #[arg(long)]
     pub layers: Option<usize>,
     /// Random seed.
@@ -72,9 +75,66 @@ pub struct SynthArgs {
     /// Copy tokenizer files from this directory.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Overwrite an existing vault at --out.
+    /// Overwrite an existing vault or checkpoint at --out.
     #[arg(long)]
     pub force: bool,
+    /// How tokens route: uniform (independent random gates) or trained (load-balanced,
+    /// with token-to-token locality like a trained model; see README).
+    #[arg(long, value_enum, default_value_t = RoutingProfile::Uniform)]
+    pub routing: RoutingProfile,
+    /// Trained routing: target fraction of a token's top-k experts the next token also
+    /// uses (default 0.46).
+    #[arg(long)]
+    pub overlap: Option<f64>,
+    /// Trained routing: target fraction of the next token's top-k within the current
+    /// token's top-2k (default 0.64).
+    #[arg(long)]
+    pub coverage: Option<f64>,
+    /// What to write: a vault, or a HuggingFace checkpoint directory (for `convert --hf`
+    /// and other engines' converters).
+    #[arg(long, value_enum, default_value_t = SynthFormat::Vault)]
+    pub format: SynthFormat,
+    /// With --format hf: largest safetensors shard in MB.
+    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub shard_mb: u64,
+    /// Measure the routing (load spread, adjacent overlap, coverage, chunk unions) of the
+    /// vault just written, or of --vault.
+    #[arg(long)]
+    pub stats: bool,
+    /// With --stats: measure this vault instead of writing one.
+    #[arg(long, requires = "stats", conflicts_with_all = ["out", "preset"])]
+    pub vault: Option<PathBuf>,
+    /// With --stats: prompts, one per line (a JSON array of token ids, or text tokenized
+    /// with the vault's tokenizer); default: random token ids.
+    #[arg(long, requires = "stats")]
+    pub prompts: Option<PathBuf>,
+    /// With --stats and no --prompts: how many random prompts.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stats_prompts: u64,
+    /// With --stats and no --prompts: tokens per random prompt.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(2..))]
+    pub stats_len: u64,
+    /// With --stats: print the statistics as one JSON object instead of a table.
+    #[arg(long, requires = "stats")]
+    pub json: bool,
+}
+
+/// How a synthetic model routes (`synth --routing`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutingProfile {
+    /// Independent random router gates and embeddings.
+    Uniform,
+    /// Weights built for a trained model's routing statistics.
+    Trained,
+}
+
+/// What `synth` writes (`synth --format`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthFormat {
+    /// A vault, ready to run.
+    Vault,
+    /// A HuggingFace checkpoint directory.
+    Hf,
 }
 
 /// Arguments of `verify`.
@@ -106,6 +166,14 @@ pub struct VerifyArgs {
     /// Vulkan device index.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+}
+
+/// Arguments of `check`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Vault directory to check.
+    #[arg(long)]
+    pub vault: PathBuf,
 }
 
 /// Arguments of `devices`.
@@ -201,12 +269,12 @@ pub struct EngineArgs {
     /// Longest sequence (prompt + generated) to size the KV cache for.
     #[arg(long, default_value_t = 8192)]
     pub max_context: usize,
-    /// Ring slots (each holds one expert); default: 4 GiB worth, at most every expert.
+    /// Ring slots (each holds one expert); default: what the memory available leaves, at most every expert.
     #[arg(long, conflicts_with = "ring_bytes")]
     pub ring_slots: Option<usize>,
-    /// Ring size in bytes (alternative to --ring-slots).
+    /// Ring size (alternative to --ring-slots), with an optional unit: 4096, 512MiB, 12G.
     #[arg(long)]
-    pub ring_bytes: Option<u64>,
+    pub ring_bytes: Option<ByteSize>,
     /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread.
     #[arg(long, default_value = "auto")]
     pub io: smoe_actors::streamer::IoChoice,
@@ -214,8 +282,8 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 8)]
     pub queue_depth: usize,
     /// Prompt tokens per layer-major prefill chunk.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub chunk_size: u32,
+    #[arg(long, default_value_t = 512)]
+    pub chunk_size: usize,
     /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
     #[arg(long, default_value_t = 0)]
     pub spec_depth: usize,
@@ -279,9 +347,9 @@ pub struct ServeArgs {
     /// Ring slots (one expert each).
     #[arg(long, conflicts_with = "ring_bytes")]
     pub ring_slots: Option<usize>,
-    /// Ring size in bytes.
+    /// Ring size, with an optional unit: 4096, 512MiB, 12G.
     #[arg(long)]
-    pub ring_bytes: Option<u64>,
+    pub ring_bytes: Option<ByteSize>,
     /// I/O path: auto, io-uring or pread.
     #[arg(long)]
     pub io: Option<String>,
@@ -303,6 +371,21 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM/Ctrl-C.
     #[arg(long)]
     pub shutdown_grace: Option<f64>,
+    /// Largest request body, with an optional unit (larger gets 413).
+    #[arg(long)]
+    pub max_body_bytes: Option<ByteSize>,
+    /// Seconds a request's head may take once its first byte arrived.
+    #[arg(long)]
+    pub header_read_timeout: Option<f64>,
+    /// Seconds a request's body may take (slower gets 408).
+    #[arg(long)]
+    pub body_read_timeout: Option<f64>,
+    /// Seconds a connection may sit without a request before it is closed.
+    #[arg(long)]
+    pub idle_timeout: Option<f64>,
+    /// Open connections at once (more get 503).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,

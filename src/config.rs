@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
+use smoe_actors::engine::EngineOptions;
 use smoe_actors::sampler::SamplingParams;
-use smoe_actors::streamer::{IoChoice, StreamerOptions};
 
 use crate::cli::ServeArgs;
+use crate::settings::{self, ByteSize, EngineSettings, Limit};
 
 /// Everything `smoe-pipeline serve` can be told. Field names are the TOML keys.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -41,9 +41,10 @@ pub struct Config {
     /// Ring slots (one expert each); conflicts with `ring_bytes`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_slots: Option<usize>,
-    /// Ring size in bytes; default 4 GiB when neither ring key is set.
+    /// Ring size (bytes, or a string with a unit such as `"12GiB"`); default: sized from
+    /// the memory available when neither ring key is set.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ring_bytes: Option<u64>,
+    pub ring_bytes: Option<ByteSize>,
     /// I/O path: `auto`, `io-uring` or `pread`.
     pub io: String,
     /// Reads in flight (io_uring) or reader threads (pread).
@@ -58,6 +59,16 @@ pub struct Config {
     pub max_queue: usize,
     /// Seconds to let in-flight requests finish after SIGTERM/Ctrl-C before cancelling.
     pub shutdown_grace: f64,
+    /// Largest request body accepted (bytes, or a string with a unit); larger gets 413.
+    pub max_body_bytes: ByteSize,
+    /// Seconds a request's head may take to arrive once its first byte has.
+    pub header_read_timeout: f64,
+    /// Seconds a request's body may take to arrive; slower gets 408.
+    pub body_read_timeout: f64,
+    /// Seconds a connection may sit with no request in progress before it is closed.
+    pub idle_timeout: f64,
+    /// Open connections at once; more are answered 503 and closed.
+    pub max_connections: usize,
     /// Defaults for requests that leave sampling parameters out.
     pub sampling: SamplingDefaults,
 }
@@ -81,6 +92,32 @@ pub struct SamplingDefaults {
     pub max_tokens: usize,
 }
 
+/// Stored token streams (serve only).
+const MAX_SESSIONS: Limit = Limit { key: "max_sessions", min: 1, max: 1024 };
+/// Requests waiting behind the running one (serve only).
+const MAX_QUEUE: Limit = Limit { key: "max_queue", min: 0, max: 1 << 20 };
+/// Open connections.
+const MAX_CONNECTIONS: Limit = Limit { key: "max_connections", min: 1, max: 65536 };
+/// Smallest `max_body_bytes`.
+const MIN_BODY: ByteSize = ByteSize(1 << 10);
+/// Largest `max_body_bytes`.
+const MAX_BODY: ByteSize = ByteSize(1 << 30);
+/// Shortest connection timeout, in seconds.
+const MIN_TIMEOUT: f64 = 0.1;
+/// Longest duration setting, in seconds.
+const MAX_SECONDS: f64 = 3600.0;
+
+/// Checks a duration key in seconds: finite, between `min` and an hour.
+fn seconds(key: &str, v: f64, min: f64) -> Result<()> {
+    if !(v.is_finite() && (min..=MAX_SECONDS).contains(&v)) {
+        bail!(
+            "invalid setting {}: must be between {min} and {MAX_SECONDS} seconds, got {v}",
+            settings::name(key)
+        );
+    }
+    Ok(())
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -101,6 +138,11 @@ impl Default for Config {
             max_sessions: 4,
             max_queue: 16,
             shutdown_grace: 10.0,
+            max_body_bytes: ByteSize(8 << 20),
+            header_read_timeout: 30.0,
+            body_read_timeout: 60.0,
+            idle_timeout: 60.0,
+            max_connections: 256,
             sampling: SamplingDefaults::default(),
         }
     }
@@ -190,6 +232,11 @@ impl Config {
         set(&mut self.max_sessions, &a.max_sessions);
         set(&mut self.max_queue, &a.max_queue);
         set(&mut self.shutdown_grace, &a.shutdown_grace);
+        set(&mut self.max_body_bytes, &a.max_body_bytes);
+        set(&mut self.header_read_timeout, &a.header_read_timeout);
+        set(&mut self.body_read_timeout, &a.body_read_timeout);
+        set(&mut self.idle_timeout, &a.idle_timeout);
+        set(&mut self.max_connections, &a.max_connections);
     }
 
     /// The compute backend; the error names the key.
@@ -199,12 +246,6 @@ impl Config {
 
     /// Checks every key's range; the error names the key.
     pub fn validate(&self) -> Result<()> {
-        fn range<T: PartialOrd + std::fmt::Display>(key: &str, v: T, lo: T, hi: T) -> Result<()> {
-            if v < lo || v > hi {
-                bail!("invalid config: `{key}` must be between {lo} and {hi}, got {v}");
-            }
-            Ok(())
-        }
         self.listen_addr()?;
         if self.model_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
             bail!("invalid config: `model_name` must not be empty");
@@ -218,30 +259,21 @@ impl Config {
                 self.log_level
             )
         })?;
-        self.backend_kind()?;
-        range("device", self.device, 0, 255)?;
-        range("max_context", self.max_context, 2, 1 << 20)?;
-        if self.ring_slots.is_some() && self.ring_bytes.is_some() {
-            bail!("invalid config: set `ring_slots` or `ring_bytes`, not both");
-        }
-        if let Some(n) = self.ring_slots {
-            range("ring_slots", n, 1, 1 << 24)?;
-        }
-        if let Some(b) = self.ring_bytes {
-            range("ring_bytes", b, 1, u64::MAX)?;
-        }
-        self.io_choice()?;
-        range("queue_depth", self.queue_depth, 1, 1024)?;
-        range("chunk_size", self.chunk_size, 1, 65536)?;
-        range("spec_depth", self.spec_depth, 0, 1024)?;
-        range("max_sessions", self.max_sessions, 1, 1024)?;
-        range("max_queue", self.max_queue, 0, 1 << 20)?;
-        if !(self.shutdown_grace.is_finite() && (0.0..=3600.0).contains(&self.shutdown_grace)) {
+        self.engine_settings()?.validate()?;
+        MAX_SESSIONS.check_usize(self.max_sessions)?;
+        MAX_QUEUE.check_usize(self.max_queue)?;
+        seconds("shutdown_grace", self.shutdown_grace, 0.0)?;
+        if !(MIN_BODY..=MAX_BODY).contains(&self.max_body_bytes) {
             bail!(
-                "invalid config: `shutdown_grace` must be between 0 and 3600 seconds, got {}",
-                self.shutdown_grace
+                "invalid setting {}: must be between {MIN_BODY} and {MAX_BODY}, got {}",
+                settings::name("max_body_bytes"),
+                self.max_body_bytes
             );
         }
+        seconds("header_read_timeout", self.header_read_timeout, MIN_TIMEOUT)?;
+        seconds("body_read_timeout", self.body_read_timeout, MIN_TIMEOUT)?;
+        seconds("idle_timeout", self.idle_timeout, MIN_TIMEOUT)?;
+        MAX_CONNECTIONS.check_usize(self.max_connections)?;
         let s = &self.sampling;
         if !(s.temperature.is_finite() && (0.0..=100.0).contains(&s.temperature)) {
             bail!("invalid config: `sampling.temperature` must be between 0 and 100, got {}", s.temperature);
@@ -252,7 +284,13 @@ impl Config {
         if !(s.repetition_penalty.is_finite() && s.repetition_penalty > 0.0) {
             bail!("invalid config: `sampling.repetition_penalty` must be > 0, got {}", s.repetition_penalty);
         }
-        range("sampling.max_tokens", s.max_tokens, 1, 1 << 20)?;
+        if !(1..=1 << 20).contains(&s.max_tokens) {
+            bail!(
+                "invalid config: `sampling.max_tokens` must be between 1 and {}, got {}",
+                1 << 20,
+                s.max_tokens
+            );
+        }
         Ok(())
     }
 
@@ -263,23 +301,25 @@ impl Config {
         })
     }
 
-    /// The I/O path.
-    fn io_choice(&self) -> Result<IoChoice> {
-        self.io.parse().map_err(|e| anyhow!("invalid config: `io`: {e}"))
+    /// The engine keys, parsed (the error names the key); ranges are checked by
+    /// [`EngineSettings::validate`], the same check the command-line flags get.
+    pub fn engine_settings(&self) -> Result<EngineSettings> {
+        Ok(EngineSettings {
+            max_context: self.max_context,
+            ring_slots: self.ring_slots,
+            ring_bytes: self.ring_bytes,
+            io: self.io.parse().map_err(|e| anyhow!("invalid config: `io`: {e}"))?,
+            queue_depth: self.queue_depth,
+            chunk_size: self.chunk_size,
+            spec_depth: self.spec_depth,
+            backend: self.backend_kind()?,
+            device: self.device,
+        })
     }
 
-    /// Engine options for opening the vault.
-    pub fn engine_options(&self) -> Result<EngineOptions> {
-        let ring = match (self.ring_slots, self.ring_bytes) {
-            (Some(n), _) => RingSize::Slots(n),
-            (None, Some(b)) => RingSize::Bytes(b),
-            (None, None) => RingSize::Bytes(DEFAULT_RING_BYTES),
-        };
-        Ok(EngineOptions {
-            max_context: self.max_context,
-            ring,
-            streamer: StreamerOptions { io: self.io_choice()?, queue_depth: self.queue_depth, fault: None },
-        })
+    /// Engine options for opening the vault in `vault`.
+    pub fn engine_options(&self, vault: &Path) -> Result<EngineOptions> {
+        self.engine_settings()?.engine_options(vault, self.max_sessions)
     }
 
     /// Sampling parameters for a request that set none, before per-request overrides.

@@ -7,37 +7,22 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use smoe_actors::contract::ForwardPass;
-use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::Executor;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::sampler::SamplingParams;
-use smoe_actors::streamer::StreamerOptions;
 use smoe_proto::stats::SLOT_STATES;
 
-use crate::cli::{EngineArgs, GenerateArgs, PrefillMode};
-
-/// Engine options from the command line.
-pub fn engine_options(a: &EngineArgs) -> EngineOptions {
-    let ring = match (a.ring_slots, a.ring_bytes) {
-        (Some(n), _) => RingSize::Slots(n),
-        (None, Some(b)) => RingSize::Bytes(b),
-        (None, None) => RingSize::Bytes(DEFAULT_RING_BYTES),
-    };
-    EngineOptions {
-        max_context: a.max_context,
-        ring,
-        streamer: StreamerOptions { io: a.io, queue_depth: a.queue_depth, fault: None },
-    }
-}
+use crate::cli::{GenerateArgs, PrefillMode};
+use crate::settings::EngineSettings;
 use crate::tokenizer::{self, Detokenizer};
 
 /// Runs `generate` with parsed arguments.
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let rows = match args.prefill {
-        PrefillMode::LayerMajor => args.engine.chunk_size as usize,
+        PrefillMode::LayerMajor => args.engine.chunk_size,
         PrefillMode::Serial => 1,
     };
-    let opts = engine_options(&args.engine);
+    let opts = EngineSettings::from(&args.engine).engine_options(&args.vault, 1)?;
     let (engine, mut fwd) =
         Executor::open(&args.vault, &opts, args.engine.backend, args.engine.device, rows)?;
     let model = Arc::clone(&engine.model);
@@ -106,6 +91,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if let Some(e) = stream_err {
         return Err(e);
     }
+    // The resident checksums were verified in the background meanwhile.
+    engine.vault.resident_check().wait()?;
     if let Some(path) = &args.logits_out {
         write_logits(path, &logits_rows, ids.len(), model.cfg.vocab_size)?;
     }

@@ -1,5 +1,7 @@
 //! The `smoe-pipeline` binary.
 
+mod atomic_dir;
+mod check;
 mod cli;
 mod config;
 mod convert;
@@ -7,7 +9,9 @@ mod devices;
 mod generate;
 mod gguf_info;
 mod quant;
+mod routing_stats;
 mod serve;
+mod settings;
 mod synth;
 mod tokenizer;
 mod vault_writer;
@@ -42,28 +46,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(&a),
         Command::Serve(a) => serve::run(&a),
         Command::Verify(a) => verify::run(&a),
-        Command::Synth(a) => {
-            let opts = synth::SynthOptions {
-                out: a.out,
-                preset: a.preset,
-                layers: a.layers,
-                seed: a.seed,
-                dtype: smoe_proto::DType::from_name(&a.dtype).unwrap_or(smoe_proto::DType::Bf16),
-                quant: a.quant,
-                tokenizer: a.tokenizer,
-                force: a.force,
-            };
-            let m = synth::synth(&opts)?;
-            eprintln!(
-                "wrote synthetic vault {} ({} layers, {} experts, {} per read; {})",
-                opts.out.display(),
-                m.model.num_hidden_layers,
-                m.experts.layers.len() * m.model.num_experts,
-                smoe_proto::human_bytes(m.experts.mean_blob_len()),
-                m.format_summary()
-            );
-            Ok(())
-        }
+        Command::Check(a) => check::run(&a),
+        Command::Synth(a) => synth::run(&a),
         Command::Devices(a) => devices::run(&a),
         Command::GgufInfo(a) => gguf_info::run(&a),
     }

@@ -1,13 +1,15 @@
 //! Writing a vault: the resident tensor file, one file of 16 KiB-aligned expert blobs
-//! per MoE layer, the tokenizer files, and the manifest (last, so an interrupted write
-//! leaves no manifest and is rejected on open). Tensor bytes come from a
-//! [`TensorSource`] in bounded chunks: a checkpoint being converted, or the random
-//! generator of `synth`.
+//! per MoE layer, the tokenizer files, and the manifest. Everything is written into a
+//! staging directory beside the target, which takes the target's place only when complete
+//! ([`Staging`]): a failed run leaves the target as it was and removes what it wrote.
+//! Tensor bytes come from a [`TensorSource`] in bounded chunks: a checkpoint being
+//! converted, or the random generator of `synth`.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use crate::atomic_dir::Staging;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use smoe_proto::{
@@ -42,8 +44,8 @@ pub trait TensorSource {
     }
 
     /// Streams tensor `name` (which must have `shape`) converted to `to`, handing the
-    /// bytes to `emit` in chunks of bounded size, each a whole number of rows (see
-    /// [`step_elems`] and `cpu::quantize::encode_rows`).
+    /// bytes to `emit` in chunks of bounded size, each a whole number of rows (so block
+    /// formats are quantised row by row: `cpu::quantize::encode_rows`).
     fn stream(
         &mut self,
         name: &str,
@@ -51,13 +53,6 @@ pub trait TensorSource {
         to: DType,
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()>;
-}
-
-/// Elements to hand over per step when streaming rows of `cols` elements: whole rows
-/// (so block formats can be quantised), about `step` of them, at least one row.
-pub fn step_elems(cols: usize, step: usize) -> usize {
-    let cols = cols.max(1);
-    (step / cols).max(1) * cols
 }
 
 /// Writes bytes while tracking the file offset and a progress bar.
@@ -207,14 +202,18 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    prepare_out_dir(spec.out, spec.force)?;
+    check_out_dir(spec.out, spec.force)?;
+    let staging = Staging::begin(spec.out)?;
+    let out = staging.path();
+    let experts = out.join("experts");
+    std::fs::create_dir(&experts).with_context(|| format!("cannot create {}", experts.display()))?;
     let bar = ProgressBar::new(total_bytes(cfg, &layouts, dtype, src)).with_message(spec.label.to_string());
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
 
-    let mut sink = Sink::create(spec.out.join(RESIDENT_FILE), &bar)?;
+    let mut sink = Sink::create(out.join(RESIDENT_FILE), &bar)?;
     let mut tensors = Vec::new();
     for (name, shape) in resident_tensors(cfg) {
         sink.pad_to(64)?;
@@ -229,7 +228,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     let mut layers = Vec::new();
     for (l, layout) in cfg.moe_layers().into_iter().zip(layouts) {
         let file = expert_file_name(l);
-        let mut sink = Sink::create(spec.out.join(&file), &bar)?;
+        let mut sink = Sink::create(out.join(&file), &bar)?;
         let mut blobs = Vec::with_capacity(cfg.num_experts);
         for e in 0..cfg.num_experts {
             let offset = sink.pos;
@@ -254,7 +253,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
 
     let mut tokenizer_files = Vec::new();
     for (name, text) in &spec.tokenizer_files {
-        let path = spec.out.join(name);
+        let path = out.join(name);
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         tokenizer_files.push(name.to_string());
     }
@@ -262,7 +261,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         for name in TOKENIZER_FILES {
             let from = dir.join(name);
             if from.exists() {
-                std::fs::copy(&from, spec.out.join(name))
+                std::fs::copy(&from, out.join(name))
                     .with_context(|| format!("cannot copy {}", from.display()))?;
                 tokenizer_files.push(name.to_string());
             }
@@ -275,20 +274,58 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
         experts: ExpertIndex { layers },
         tokenizer_files,
     };
-    let path = spec.out.join(MANIFEST_FILE);
+    let path = out.join(MANIFEST_FILE);
     std::fs::write(&path, serde_json::to_string_pretty(&manifest)?)
         .with_context(|| format!("cannot write {}", path.display()))?;
+    staging.commit()?;
     Ok(manifest)
 }
 
-/// Creates the vault directory (and `experts/`), refusing to overwrite an existing
-/// vault unless `force`.
-fn prepare_out_dir(out: &Path, force: bool) -> Result<()> {
-    if out.join(MANIFEST_FILE).exists() {
+/// Refuses to replace what is at `out` unless it is nothing, an empty directory, an
+/// unfinished vault (no valid manifest, only names a vault holds: what an interrupted
+/// run of an older build left), or — with `force` — a vault. Anything else is left alone,
+/// even with `force`.
+fn check_out_dir(out: &Path, force: bool) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => bail!("cannot inspect {}: {e}", out.display()),
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        bail!(
+            "{} exists and is not a directory (a symbolic link is not followed); choose another --out",
+            out.display()
+        );
+    }
+    if holds_vault(out) {
         if !force {
             bail!("{} already holds a vault; pass --force to overwrite it", out.display());
         }
-        std::fs::remove_file(out.join(MANIFEST_FILE))?;
+        return Ok(());
     }
-    std::fs::create_dir_all(out.join("experts")).with_context(|| format!("cannot create {}", out.display()))
+    let entries = std::fs::read_dir(out).with_context(|| format!("cannot list {}", out.display()))?;
+    for e in entries {
+        let name = e?.file_name();
+        let name = name.to_string_lossy();
+        let ours = name == MANIFEST_FILE || name == RESIDENT_FILE || name == "experts";
+        if !ours && !TOKENIZER_FILES.contains(&name.as_ref()) {
+            bail!(
+                "{} is not a vault but holds `{name}`; choose another --out or empty it (it is not \
+                 overwritten, even with --force)",
+                out.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` holds a vault: a regular `manifest.json` that is JSON with a format
+/// version (of any version: a vault of another build is still one).
+fn holds_vault(dir: &Path) -> bool {
+    let path = dir.join(MANIFEST_FILE);
+    if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let Ok(text) = std::fs::read(&path) else { return false };
+    serde_json::from_slice::<serde_json::Value>(&text).is_ok_and(|m| m["format_version"].is_u64())
 }

@@ -63,7 +63,9 @@ fn default_prompts(chunks: &[usize], vocab: usize) -> Vec<Vec<u32>> {
     lens.into_iter().map(|n| (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()).collect()
 }
 
-fn read_prompts(path: &Path, vault: &Path) -> Result<Vec<Vec<u32>>> {
+/// Reads a prompt file: one prompt per line, a JSON array of token ids or text
+/// (tokenized with `vault`'s tokenizer).
+pub(crate) fn read_prompts(path: &Path, vault: &Path) -> Result<Vec<Vec<u32>>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut tok = None;
     let mut out = Vec::new();
@@ -101,6 +103,9 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
         None => default_prompts(&args.chunk_sizes, vocab),
     };
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1);
+    if let Some(n) = args.ring_slots {
+        crate::settings::RING_SLOTS.check_usize(n)?;
+    }
     let opts = EngineOptions {
         max_context: longest + args.tokens,
         ring: args.ring_slots.map_or(RingSize::Bytes(DEFAULT_RING_BYTES), RingSize::Slots),

@@ -226,3 +226,293 @@ fn existing_vault_is_not_overwritten_without_force() {
     assert!(err.contains("--force"), "{err}");
     convert("moe_all", dir.path(), &["--force"]);
 }
+
+/// Runs `generate` on `vault` with `extra` engine flags; returns the run's output.
+fn generate_with(vault: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,2,3", "--json"];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+#[test]
+fn out_of_range_engine_flags_are_errors_naming_flag_and_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    for (flags, want) in [
+        (
+            &["--queue-depth", "100000"][..],
+            "`queue_depth` (--queue-depth): must be between 1 and 1024, got 100000",
+        ),
+        (&["--ring-slots", "0"][..], "`ring_slots` (--ring-slots): must be between 1 and 16777216, got 0"),
+        (&["--chunk-size", "0"][..], "`chunk_size` (--chunk-size): must be between 1 and 65536, got 0"),
+        (&["--max-context", "1"][..], "`max_context` (--max-context): must be between 2"),
+        // One expert blob of moe_all takes 32 KiB.
+        (&["--ring-bytes", "16KiB"][..], "one slot takes 32768 bytes: set `ring_bytes` (--ring-bytes)"),
+        (&["--ring-bytes", "12 parsecs"][..], "is not a size"),
+    ] {
+        let mut args = vec!["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,2,3"];
+        args.extend_from_slice(flags);
+        let err = run_err(&args);
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
+}
+
+#[test]
+fn verify_refuses_a_ring_of_no_slots_like_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let err = run_err(&["verify", "--vault", vault.to_str().unwrap(), "--ring-slots", "0"]);
+    assert!(err.contains("`ring_slots` (--ring-slots): must be between 1 and 16777216, got 0"), "{err}");
+}
+
+#[test]
+fn ring_bytes_take_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    for (size, slots) in [("64KiB", 2), ("96K", 3), ("1G", 24), ("65536", 2)] {
+        let out = generate_with(&vault, &["--ring-bytes", size]);
+        assert!(out.status.success(), "{size}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["stats"]["ring_slots"], slots, "{size}");
+    }
+}
+
+/// Entries of `dir` whose name contains `part`.
+fn entries_with(dir: &Path, part: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(part))
+        .collect()
+}
+
+#[test]
+fn failed_convert_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("moe_all", dir.path());
+    // A resident tensor of layer 1 is missing: the run fails halfway through the writes.
+    rewrite_tensors(&hf, |n, d, s, b| (n != Q_PROJ).then(|| (d, s.to_vec(), b.to_vec())));
+    let out = dir.path().join("v");
+    convert_err(&hf, &out);
+    assert!(!out.exists(), "a failed convert left {}", out.display());
+    assert_eq!(entries_with(dir.path(), "partial"), Vec::<String>::new());
+    // A vault already there survives a failed --force run untouched.
+    let vault = convert("moe_all", dir.path(), &[]);
+    let before = std::fs::read(vault.join("manifest.json")).unwrap();
+    run_err(&["convert", "--hf", hf.to_str().unwrap(), "--out", vault.to_str().unwrap(), "--force"]);
+    assert_eq!(std::fs::read(vault.join("manifest.json")).unwrap(), before);
+    generate_json(&vault, &[1, 2], 2, &dir.path().join("l.st"), &[]);
+}
+
+#[test]
+fn a_directory_without_a_valid_manifest_is_not_a_vault() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("moe_all.vault");
+    // What an interrupted run leaves: a torn manifest and partial data files.
+    std::fs::create_dir_all(out.join("experts")).unwrap();
+    std::fs::write(out.join("manifest.json"), "{\"format_vers").unwrap();
+    std::fs::write(out.join("resident.bin"), [0u8; 100]).unwrap();
+    std::fs::write(out.join("experts/layer_000.bin"), [0u8; 100]).unwrap();
+    // And a staging directory of a run that was killed (no such process).
+    std::fs::create_dir(dir.path().join(".moe_all.vault.partial-999999999")).unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    generate_json(&vault, &[1, 2], 2, &dir.path().join("l.st"), &[]);
+    assert_eq!(entries_with(dir.path(), "partial"), Vec::<String>::new());
+    // A directory holding anything else is never overwritten, not even with --force.
+    let other = dir.path().join("notes");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("todo.txt"), "keep me").unwrap();
+    let hf = fixture("moe_all");
+    for force in [&[][..], &["--force"][..]] {
+        let mut args = vec!["convert", "--hf", hf.to_str().unwrap(), "--out", other.to_str().unwrap()];
+        args.extend_from_slice(force);
+        let err = run_err(&args);
+        assert!(err.contains("is not a vault but holds `todo.txt`"), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(other.join("todo.txt")).unwrap(), "keep me");
+}
+
+/// Runs the binary with `args`, killing it after `secs`; `None` if it had to be killed.
+fn run_within(args: &[&str], secs: u64) -> Option<std::process::Output> {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smoe-pipeline"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// `generate` on `vault` fails within 20 s (no hang) with an error containing `want`.
+fn fails_fast_with(vault: &Path, want: &[&str]) {
+    let args = ["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,2", "--max-tokens", "2"];
+    let out = run_within(&args, 20).unwrap_or_else(|| panic!("generate hung on {}", vault.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for w in want {
+        assert!(err.contains(w), "wanted {w:?} in: {err}");
+    }
+}
+
+fn mkfifo(path: &Path) {
+    std::fs::remove_file(path).unwrap();
+    let ok = std::process::Command::new("mkfifo").arg(path).status().unwrap().success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+#[test]
+fn fifos_devices_and_paths_outside_the_vault_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let pristine = manifest(&vault);
+    let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut m = pristine.clone();
+        edit(&mut m);
+        std::fs::write(vault.join("manifest.json"), m.to_string()).unwrap();
+    };
+    for (name, edit, want) in [
+        (
+            "resident ..",
+            &(|m: &mut serde_json::Value| m["resident"]["file"] = "../../etc/passwd".into())
+                as &dyn Fn(&mut serde_json::Value),
+            "not a plain relative path",
+        ),
+        (
+            "resident /dev/zero",
+            &|m: &mut serde_json::Value| m["resident"]["file"] = "/dev/zero".into(),
+            "not a plain relative path",
+        ),
+        (
+            "layer /dev/zero",
+            &|m: &mut serde_json::Value| m["experts"]["layers"][1]["file"] = "/dev/zero".into(),
+            "\"/dev/zero\"",
+        ),
+    ] {
+        with(edit);
+        println!("{name}");
+        fails_fast_with(&vault, &[want, "manifest.json"]);
+    }
+    with(&|_| {});
+    // A link inside the vault that leads out of it.
+    let layer = vault.join("experts/layer_002.bin");
+    let saved = std::fs::read(&layer).unwrap();
+    std::fs::remove_file(&layer).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &layer).unwrap();
+    fails_fast_with(&vault, &["leads outside the vault directory"]);
+    std::fs::remove_file(&layer).unwrap();
+    std::fs::write(&layer, saved).unwrap();
+    // FIFOs where the manifest and the resident file belong: an error, not a hang.
+    let resident = vault.join("resident.bin");
+    let saved = std::fs::read(&resident).unwrap();
+    std::fs::write(&resident, b"x").unwrap();
+    mkfifo(&resident);
+    fails_fast_with(&vault, &["resident.bin", "is a FIFO"]);
+    std::fs::remove_file(&resident).unwrap();
+    std::fs::write(&resident, saved).unwrap();
+    mkfifo(&vault.join("manifest.json"));
+    fails_fast_with(&vault, &["manifest.json", "is a FIFO"]);
+}
+
+/// Flips one byte of `file` at `offset`.
+fn flip(file: &Path, offset: usize) {
+    let mut bytes = std::fs::read(file).unwrap();
+    bytes[offset] ^= 0x10;
+    std::fs::write(file, bytes).unwrap();
+}
+
+#[test]
+fn opening_a_vault_leaves_resident_checksums_to_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let v = smoe_actors::vault::Vault::open(&vault).unwrap();
+    v.resident_check().wait().unwrap();
+    assert!(matches!(v.resident_check().status(), Some(Ok(()))));
+    drop(v);
+    flip(&vault.join("resident.bin"), 100);
+    // The open succeeds (structure only); the background check finds the fault.
+    let v = smoe_actors::vault::Vault::open(&vault).expect("open checks structure only");
+    let err = v.resident_check().wait().unwrap_err().to_string();
+    assert!(err.contains("checksum mismatch for resident tensor `model.embed_tokens.weight`"), "{err}");
+}
+
+#[test]
+fn check_reads_everything_and_names_every_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let v = vault.to_str().unwrap();
+    let out = run_ok(&["check", "--vault", v]);
+    assert!(out.contains("ok — 30 resident tensors and 24 expert blobs"), "{out}");
+    let m = manifest(&vault);
+    let blob = m["experts"]["layers"][1]["blobs"][3]["offset"].as_u64().unwrap();
+    flip(&vault.join("experts/layer_001.bin"), blob as usize + 77);
+    let q =
+        m["resident"]["tensors"].as_array().unwrap().iter().find(|t| t["name"] == Q_PROJ).unwrap().clone();
+    flip(&vault.join("resident.bin"), q["offset"].as_u64().unwrap() as usize + 5);
+    let err = run_err(&["check", "--vault", v]);
+    assert!(err.contains(&format!("checksum mismatch for resident tensor `{Q_PROJ}`")), "{err}");
+    assert!(
+        err.contains(&format!("layer 1 expert 3 in {v}/experts/layer_001.bin at offset {blob}")),
+        "{err}"
+    );
+    assert!(err.contains("1 of 30 resident tensors and 1 of 24 expert blobs do not match"), "{err}");
+}
+
+/// `generate` on `vault` with `RUST_LOG=info`, under an address-space limit if given.
+fn generate_logged(vault: &Path, address_space: Option<u64>) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_smoe-pipeline"));
+    cmd.args([
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "2",
+        "--json",
+    ]);
+    cmd.env("RUST_LOG", "smoe_pipeline=info");
+    if let Some(limit) = address_space {
+        // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                if libc::setrlimit(libc::RLIMIT_AS, &r) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn the_default_ring_follows_the_memory_available() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let out = generate_logged(&vault, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("ring sized from the memory available: "), "{err}");
+    assert!(
+        err.contains("resident tensors") && err.contains("KV cache") && err.contains("24 of 24 slots"),
+        "{err}"
+    );
+    // Under a 300 MiB address-space limit not even the margin fits: a clear refusal.
+    let out = generate_logged(&vault, Some(300 << 20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not enough memory for the expert ring") && err.contains("RLIMIT_AS"), "{err}");
+    assert!(err.contains("`ring_slots` (--ring-slots)"), "{err}");
+}

@@ -49,6 +49,15 @@ fn out_of_range_values_are_refused_by_name() {
         ("io = \"floppy\"\n", "`io`"),
         ("backend = \"tpu\"\n", "`backend`"),
         ("ring_slots = 4\nring_bytes = 65536\n", "`ring_slots`"),
+        ("ring_slots = 0\n", "`ring_slots` (--ring-slots): must be between 1 and 16777216, got 0"),
+        ("queue_depth = 100000\n", "`queue_depth` (--queue-depth): must be between 1 and 1024"),
+        ("ring_bytes = \"12 parsecs\"\n", "key `ring_bytes`"),
+        ("ring_bytes = 0\n", "`ring_bytes` (--ring-bytes)"),
+        ("max_body_bytes = \"2GiB\"\n", "`max_body_bytes` (--max-body-bytes): must be between 1KiB and 1GiB"),
+        ("idle_timeout = 0.0\n", "`idle_timeout` (--idle-timeout)"),
+        ("header_read_timeout = -3.0\n", "`header_read_timeout`"),
+        ("body_read_timeout = 1e9\n", "`body_read_timeout`"),
+        ("max_connections = 0\n", "`max_connections` (--max-connections)"),
         ("[sampling]\ntop_p = 1.5\n", "`sampling.top_p`"),
     ] {
         let err = refused(toml, &[]);
@@ -57,6 +66,8 @@ fn out_of_range_values_are_refused_by_name() {
     // Flags are checked like file values.
     let err = refused("", &["--chunk-size", "0"]);
     assert!(err.contains("`chunk_size`"), "{err}");
+    let err = refused("", &["--queue-depth", "100000"]);
+    assert!(err.contains("`queue_depth` (--queue-depth)"), "{err}");
     let err = refused("chunk_size = [1\n", &[]);
     assert!(err.contains("TOML parse error"), "{err}");
 }
@@ -70,6 +81,21 @@ fn flags_override_the_file() {
     assert!(out.contains("chunk_size = 16"), "{out}");
     assert!(out.contains("max_queue = 3"), "{out}");
     assert!(out.contains("temperature = 0.0"), "{out}");
+}
+
+#[test]
+fn sizes_take_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("smoe.toml");
+    std::fs::write(&file, "ring_bytes = \"12GiB\"\n").unwrap();
+    let out = run_ok(&["serve", "--config", file.to_str().unwrap(), "--print-config"]);
+    assert!(out.contains("ring_bytes = \"12GiB\""), "{out}");
+    std::fs::write(&file, "ring_bytes = 1073741824\n").unwrap();
+    let out = run_ok(&["serve", "--config", file.to_str().unwrap(), "--print-config"]);
+    assert!(out.contains("ring_bytes = \"1GiB\""), "{out}");
+    let out =
+        run_ok(&["serve", "--config", file.to_str().unwrap(), "--ring-bytes", "512M", "--print-config"]);
+    assert!(out.contains("ring_bytes = \"512MiB\""), "{out}");
 }
 
 #[test]

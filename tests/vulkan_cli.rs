@@ -59,3 +59,21 @@ fn verify_on_vulkan_passes() {
         assert!(out.contains("9 passed, 0 failed"), "{vault:?}: {out}");
     }
 }
+
+#[test]
+fn vulkan_refuses_quantised_experts_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &["--quant", "q8_0"]);
+    let err = run_err(&[
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "1",
+        "--backend",
+        "vulkan",
+    ]);
+    assert!(err.contains("q8_0") && err.contains("--backend cpu"), "{err}");
+}

@@ -44,7 +44,7 @@ const LAYER_TENSORS: &[(&str, &str)] = &[
 
 /// Per expert: HuggingFace matrix name → llama.cpp's stacked tensor of all experts.
 const EXPERT_TENSORS: &[(&str, &str)] =
-    [("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")].as_slice();
+    &[("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")];
 
 /// Whole-model tensors: HuggingFace name → llama.cpp name.
 const MODEL_TENSORS: &[(&str, &str)] = &[

@@ -14,25 +14,27 @@
 //! `tokenizer.json` of that family holds.
 //!
 //! Every other token, the added ones too, is an entry of the BPE vocabulary (as in
-//! checkpoints whose special tokens sit inside the vocabulary): the `tokenizers` crate ignores an added token's `id`
-//! when loading and numbers it after the vocabulary unless the vocabulary holds it, so
-//! only this keeps every id wherever the added tokens sit. Merges never produce them, so
-//! encoding is unchanged. The file is loaded once written, and every token checked to
-//! have its GGUF id.
+//! checkpoints whose special tokens sit inside the vocabulary): the `tokenizers` crate
+//! ignores an added token's `id` when loading and numbers it after the vocabulary unless
+//! the vocabulary holds it, so only this keeps every id wherever the added tokens sit.
+//! Merges never produce them, so encoding is unchanged. The file is loaded once written,
+//! and every token checked to have its GGUF id.
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
 
 use super::gguf::{GgufFile, Value as GgufValue};
 
-/// File names written into the vault.
+/// The tokenizer file written into the vault.
 pub const TOKENIZER_JSON: &str = "tokenizer.json";
-/// Chat template and special tokens.
+/// The file with the chat template and special tokens.
 pub const TOKENIZER_CONFIG_JSON: &str = "tokenizer_config.json";
 
-/// llama.cpp's `llama_token_type` values in `tokenizer.ggml.token_type`.
+/// `tokenizer.ggml.token_type` of a special added token (llama.cpp's `llama_token_type`).
 const CONTROL: i64 = 3;
+/// `tokenizer.ggml.token_type` of an added token that is not special.
 const USER_DEFINED: i64 = 4;
+/// `tokenizer.ggml.token_type` of an id the tokenizer lacks (`[PAD<id>]`).
 const UNUSED: i64 = 5;
 
 /// The pre-tokenizer split regex of Qwen2/Qwen3's `tokenizer.json` (llama.cpp's
@@ -40,7 +42,10 @@ const UNUSED: i64 = 5;
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// `tokenizer.ggml.pre` values this build knows, with their split regex and normaliser.
-const PRE_TOKENIZERS: &[(&str, &str, Option<&str>)] = &[("qwen2", QWEN2_SPLIT, Some("NFC"))];
+const PRE_TOKENIZERS: &[(&str, &str, &str)] = &[("qwen2", QWEN2_SPLIT, "NFC")];
+
+/// A special token named by `tokenizer.ggml.<role>_token_id`: its id and text.
+type Special<'a> = Option<(u64, &'a str)>;
 
 /// The two tokenizer files of `g`, as (file name, JSON text).
 pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
@@ -60,9 +65,82 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
     };
     let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
     let types = token_types(g, tokens.len())?;
+    let (vocab, added) = vocabulary(&tokens, &types)?;
+    let special = |role: &str| -> Result<Special<'_>> {
+        let key = format!("tokenizer.ggml.{role}_token_id");
+        if g.get(&key).is_none() {
+            return Ok(None);
+        }
+        let id = g.get_u64(&key)?;
+        let text = tokens
+            .get(id as usize)
+            .with_context(|| format!("GGUF {key} is {id}, past the {} tokens", tokens.len()))?;
+        Ok(Some((id, *text)))
+    };
+    let (bos, eos, pad) = (special("bos")?, special("eos")?, special("padding")?);
+    let add_bos = matches!(g.get("tokenizer.ggml.add_bos_token"), Some(GgufValue::Bool(true)));
+    let byte_level =
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": normalizer},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": false},
+            byte_level,
+        ]},
+        "post_processor": post_processor(&byte_level, add_bos, bos)?,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": null,
+            "unk_token": null,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": false,
+            "byte_fallback": false,
+            "ignore_merges": false,
+            "vocab": vocab,
+            "merges": merges(g)?,
+        },
+    });
+    let json = serde_json::to_string(&tokenizer)?;
+    check_ids(&json, &tokens, &types)?;
+
+    let decoder: Map<String, Value> = added
+        .into_iter()
+        .map(|mut t| {
+            let id = t.as_object_mut().and_then(|o| o.remove("id")).unwrap_or_default();
+            (id.to_string(), t)
+        })
+        .collect();
+    let mut config = json!({
+        "add_bos_token": add_bos,
+        "add_prefix_space": false,
+        "added_tokens_decoder": decoder,
+        "bos_token": bos.map(|(_, t)| t),
+        "clean_up_tokenization_spaces": false,
+        "eos_token": eos.map(|(_, t)| t),
+        "errors": "replace",
+        "pad_token": pad.map(|(_, t)| t),
+        "split_special_tokens": false,
+        "unk_token": null,
+    });
+    const TEMPLATE: &str = "tokenizer.chat_template";
+    if g.get(TEMPLATE).is_some() {
+        config["chat_template"] = json!(g.get_str(TEMPLATE)?);
+    }
+    Ok(vec![(TOKENIZER_JSON, json), (TOKENIZER_CONFIG_JSON, serde_json::to_string_pretty(&config)?)])
+}
+
+/// The BPE vocabulary (every token but the UNUSED ones, by id) and the added tokens
+/// (CONTROL ones special, USER_DEFINED ones not), as tokenizer.json writes them.
+fn vocabulary(tokens: &[&str], types: &[i64]) -> Result<(Map<String, Value>, Vec<Value>)> {
     let mut vocab = Map::new();
     let mut added = Vec::new();
-    for (id, (&tok, &ty)) in tokens.iter().zip(&types).enumerate() {
+    for (id, (&tok, &ty)) in tokens.iter().zip(types).enumerate() {
         if ty == UNUSED {
             continue;
         }
@@ -81,8 +159,12 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
             }));
         }
     }
-    let merges = g
-        .get_str_array("tokenizer.ggml.merges")?
+    Ok((vocab, added))
+}
+
+/// `tokenizer.ggml.merges` (`"left right"` strings) as tokenizer.json's pairs.
+fn merges(g: &GgufFile) -> Result<Vec<Value>> {
+    g.get_str_array("tokenizer.ggml.merges")?
         .iter()
         .enumerate()
         .map(|(i, m)| {
@@ -91,91 +173,28 @@ pub fn tokenizer_files(g: &GgufFile) -> Result<Vec<(&'static str, String)>> {
                 .map(|(a, b)| json!([a, b]))
                 .with_context(|| format!("GGUF tokenizer.ggml.merges[{i}] is {m:?}, not \"left right\""))
         })
-        .collect::<Result<Vec<Value>>>()?;
+        .collect()
+}
 
-    let special = |key: &str| -> Result<Option<(u64, &str)>> {
-        let key = format!("tokenizer.ggml.{key}_token_id");
-        if g.get(&key).is_none() {
-            return Ok(None);
-        }
-        let id = g.get_u64(&key)?;
-        let text = tokens
-            .get(id as usize)
-            .with_context(|| format!("GGUF {key} is {id}, past the {} tokens", tokens.len()))?;
-        Ok(Some((id, *text)))
-    };
-    let (bos, eos, pad) = (special("bos")?, special("eos")?, special("padding")?);
-    let add_bos = matches!(g.get("tokenizer.ggml.add_bos_token"), Some(GgufValue::Bool(true)));
-    let byte_level =
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
-    let post_processor = match (add_bos, bos) {
-        (false, _) => byte_level.clone(),
+/// The post-processor: byte-level, and with `add_bos` the BOS token before every
+/// sequence.
+fn post_processor(byte_level: &Value, add_bos: bool, bos: Special<'_>) -> Result<Value> {
+    match (add_bos, bos) {
+        (false, _) => Ok(byte_level.clone()),
         (true, Some((id, b))) => {
             let bos = |type_id: u32| json!({"SpecialToken": {"id": b, "type_id": type_id}});
             let seq = |s: &str, type_id: u32| json!({"Sequence": {"id": s, "type_id": type_id}});
-            json!({"type": "Sequence", "processors": [byte_level, {
+            Ok(json!({"type": "Sequence", "processors": [byte_level, {
                 "type": "TemplateProcessing",
                 "single": [bos(0), seq("A", 0)],
                 "pair": [bos(0), seq("A", 0), bos(1), seq("B", 1)],
                 "special_tokens": {b: {"id": b, "ids": [id], "tokens": [b]}},
-            }]})
+            }]}))
         }
         (true, None) => {
             bail!("GGUF tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is missing")
         }
-    };
-    let tokenizer = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": normalizer.map(|n| json!({"type": n})),
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": false},
-            byte_level,
-        ]},
-        "post_processor": post_processor,
-        "decoder": byte_level,
-        "model": {
-            "type": "BPE",
-            "dropout": null,
-            "unk_token": null,
-            "continuing_subword_prefix": "",
-            "end_of_word_suffix": "",
-            "fuse_unk": false,
-            "byte_fallback": false,
-            "ignore_merges": false,
-            "vocab": vocab,
-            "merges": merges,
-        },
-    });
-
-    let decoder: Map<String, Value> = added
-        .iter()
-        .map(|t| {
-            let mut t = t.clone();
-            let id = t.as_object_mut().and_then(|o| o.remove("id")).unwrap_or_default();
-            (id.to_string(), t)
-        })
-        .collect();
-    let mut config = json!({
-        "add_bos_token": add_bos,
-        "add_prefix_space": false,
-        "added_tokens_decoder": decoder,
-        "bos_token": bos.map(|(_, t)| t),
-        "clean_up_tokenization_spaces": false,
-        "eos_token": eos.map(|(_, t)| t),
-        "errors": "replace",
-        "pad_token": pad.map(|(_, t)| t),
-        "split_special_tokens": false,
-        "unk_token": null,
-    });
-    if let Ok(template) = g.get_str("tokenizer.chat_template") {
-        config["chat_template"] = json!(template);
     }
-    let json = serde_json::to_string(&tokenizer)?;
-    check_ids(&json, &tokens, &types)?;
-    Ok(vec![(TOKENIZER_JSON, json), (TOKENIZER_CONFIG_JSON, serde_json::to_string_pretty(&config)?)])
 }
 
 /// Loads `json` with the `tokenizers` crate and checks that every token of the GGUF but

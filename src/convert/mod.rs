@@ -16,7 +16,7 @@ use smoe_actors::cpu::quantize::encode_rows;
 use smoe_proto::{DType, Manifest};
 
 use crate::quant::Quant;
-use crate::vault_writer::{step_elems, write_vault, TensorSource, VaultSpec};
+use crate::vault_writer::{write_vault, TensorSource, VaultSpec};
 
 use checkpoint::{Checkpoint, SrcDtype};
 
@@ -48,6 +48,13 @@ fn convert_elems(
     vals.clear();
     vals.extend(src.chunks_exact(from.size()).map(widen));
     Ok(encode_rows(vals, cols, to, out)?)
+}
+
+/// Elements converted per step for rows of `cols` elements: whole rows (so block formats
+/// can be quantised), about [`STREAM_ELEMS`] of them, at least one row.
+fn step_elems(cols: usize) -> usize {
+    let cols = cols.max(1);
+    (STREAM_ELEMS / cols).max(1) * cols
 }
 
 /// What a conversion reads.
@@ -92,7 +99,7 @@ impl TensorSource for CheckpointSource<'_> {
     ) -> Result<()> {
         let (info, bytes) = self.ckpt.get(name, shape)?;
         let cols = shape.last().copied().unwrap_or(1);
-        for chunk in bytes.chunks(step_elems(cols, STREAM_ELEMS) * info.dtype.size()) {
+        for chunk in bytes.chunks(step_elems(cols) * info.dtype.size()) {
             self.buf.clear();
             convert_elems(chunk, info.dtype, to, cols, &mut self.vals, &mut self.buf)
                 .with_context(|| format!("tensor `{name}`"))?;

@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Value;
+use smoe_actors::vault::files;
 
 use super::request::TemplateMessage;
 
@@ -26,11 +27,12 @@ pub struct ChatTemplate {
 impl ChatTemplate {
     /// The template of the vault in `dir` (from its `tokenizer_config.json`), or ChatML.
     pub fn load(dir: &Path) -> Result<ChatTemplate> {
-        let path = dir.join("tokenizer_config.json");
-        let cfg: Value = match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text)
+        let name = "tokenizer_config.json";
+        let path = dir.join(name);
+        let cfg: Value = match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
+            _ => serde_json::from_slice(&files::read_member(dir, name, files::MAX_METADATA_BYTES)?)
                 .with_context(|| format!("{} is not valid JSON", path.display()))?,
-            Err(_) => Value::Null,
         };
         let token = |key: &str| match &cfg[key] {
             Value::String(s) => s.clone(),

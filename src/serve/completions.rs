@@ -1,13 +1,14 @@
-//! `POST /v1/completions` and `POST /v1/chat/completions`: check the request, build the
-//! prompt, admit a job into the scheduler, and answer with one JSON object or a stream of
-//! server-sent events ending in `data: [DONE]`.
+//! `POST /v1/completions` and `POST /v1/chat/completions`: read the body, check the
+//! request and build the prompt (on the blocking pool, see [`Admission`]), admit a job
+//! into the scheduler, and answer with one JSON object or a stream of server-sent events
+//! ending in `data: [DONE]`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Extension, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -17,19 +18,28 @@ use smoe_actors::generation::GenerateRequest;
 use smoe_actors::scheduler::{Job, Submit, SubmitError};
 use tokio::sync::mpsc;
 
+use super::admission::Admission;
 use super::drive::{drive, Outcome, Usage};
 use super::error::ApiError;
-use super::request::{parse_body, Endpoint, GenerationBody, PromptInput};
+use super::request::{parse_body, Endpoint, PromptInput};
 use super::state::AppState;
 
 /// `POST /v1/chat/completions`.
-pub async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    complete(st, &body, Endpoint::Chat).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn chat(
+    State(st): State<Arc<AppState>>,
+    Extension(adm): Extension<Arc<Admission>>,
+    body: Body,
+) -> Response {
+    complete(st, adm, body, Endpoint::Chat).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST /v1/completions`.
-pub async fn text(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    complete(st, &body, Endpoint::Completions).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn text(
+    State(st): State<Arc<AppState>>,
+    Extension(adm): Extension<Arc<Admission>>,
+    body: Body,
+) -> Response {
+    complete(st, adm, body, Endpoint::Completions).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// A checked request, ready to run.
@@ -40,9 +50,18 @@ struct Plan {
     include_usage: bool,
 }
 
-async fn complete(st: Arc<AppState>, body: &[u8], endpoint: Endpoint) -> Result<Response, ApiError> {
-    let b = parse_body(body)?;
-    let plan = plan(&st, &b, endpoint)?;
+async fn complete(
+    st: Arc<AppState>,
+    adm: Arc<Admission>,
+    body: Body,
+    endpoint: Endpoint,
+) -> Result<Response, ApiError> {
+    adm.vault_ok()?;
+    let body = adm.read_body(body).await?;
+    let plan = {
+        let (st, work_adm) = (st.clone(), adm.clone());
+        adm.off_runtime(move || plan(&st, &work_adm, &body, endpoint)).await??
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let Plan { request, stops, stream, include_usage } = plan;
     match st.scheduler.ask(Submit(Job { request, events: tx })).await {
@@ -72,13 +91,17 @@ async fn complete(st: Arc<AppState>, body: &[u8], endpoint: Endpoint) -> Result<
     }
 }
 
-/// Checks `b` against the endpoint, the model and the context, and builds the job.
-fn plan(st: &AppState, b: &GenerationBody, endpoint: Endpoint) -> Result<Plan, ApiError> {
+/// Parses `body` and checks it against the endpoint, the model and the context (by the
+/// prompt's byte length first, then by its tokens), and builds the job. CPU-bound: runs
+/// on the blocking pool.
+fn plan(st: &AppState, adm: &Admission, body: &[u8], endpoint: Endpoint) -> Result<Plan, ApiError> {
+    let b = parse_body(body)?;
     b.check_endpoint(endpoint)?;
     if b.model != st.model.id {
         return Err(ApiError::unknown_model(&b.model, &st.model.id));
     }
     let encode = |text: &str, special: bool| {
+        adm.bound.check(text.len(), st.model.max_context).map_err(ApiError::context_exceeded)?;
         st.tokenizer
             .encode(text, special)
             .map(|e| e.get_ids().to_vec())
@@ -171,8 +194,10 @@ fn plan(st: &AppState, b: &GenerationBody, endpoint: Endpoint) -> Result<Plan, A
     })
 }
 
-/// Streams `events` as server-sent events. A client that goes away drops the stream,
-/// which ends the task and, through the dropped job channel, the generation.
+/// Streams `events` as server-sent events. A client that goes away drops the stream; the
+/// task notices at once (even while the job is queued or prefilling and sends nothing)
+/// and drops the job's channel, which takes the job out of the queue or stops it at the
+/// next prefill chunk or token.
 fn stream_response(
     st: Arc<AppState>,
     events: mpsc::UnboundedReceiver<smoe_proto::JobEvent>,
@@ -188,7 +213,10 @@ fn stream_response(
         {
             return;
         }
-        let outcome = drive(events, &st.tokenizer, stops, |piece| send(shape.piece(&piece))).await;
+        let outcome = tokio::select! {
+            o = drive(events, &st.tokenizer, stops, |piece| send(shape.piece(&piece))) => o,
+            _ = out.closed() => Outcome::Abandoned,
+        };
         match outcome {
             Outcome::Done { finish_reason, usage } => {
                 let last = match shape.endpoint {

@@ -2,25 +2,28 @@
 //! reuse across requests, a bounded request queue, Prometheus metrics and a graceful
 //! shutdown.
 
+mod admission;
 mod auth;
 mod chat_template;
 mod completions;
 mod demo;
 mod drive;
 mod error;
+mod listener;
 mod metrics;
+mod prompt_bound;
 mod request;
 mod routes;
 mod state;
 mod stops;
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use kameo::actor::Spawn;
 use smoe_actors::executor::Executor;
+use smoe_actors::ring::budget::kv_cache_bytes;
 use smoe_actors::scheduler::{CancelAll, Drain, Scheduler, SchedulerOptions};
 use smoe_proto::human_bytes;
 use tokio::sync::watch;
@@ -73,7 +76,7 @@ async fn serve(config: Config) -> Result<()> {
     }
     let (engine, executor) = Executor::open(
         &vault,
-        &config.engine_options()?,
+        &config.engine_options(&vault)?,
         config.backend_kind()?,
         config.device,
         config.chunk_size,
@@ -90,6 +93,12 @@ async fn serve(config: Config) -> Result<()> {
     let slot_bytes = engine.vault.max_blob_stride();
     metrics::publish_vault(manifest, slot_bytes);
     let tok = tokenizer::load(&vault).context("serve needs the vault's tokenizer")?;
+    let admission = Arc::new(admission::Admission::new(
+        config.max_body_bytes,
+        Duration::from_secs_f64(config.body_read_timeout),
+        &tok,
+        engine.vault.resident_check().clone(),
+    ));
     let template = chat_template::ChatTemplate::load(&vault)?;
     let cfg = &engine.model.cfg;
     tracing::info!(
@@ -112,8 +121,7 @@ async fn serve(config: Config) -> Result<()> {
         template.origin,
         manifest.format_summary()
     );
-    let kv_bytes =
-        engine.model.max_context * cfg.kv_dim() * cfg.num_hidden_layers * 2 * std::mem::size_of::<f32>();
+    let kv_bytes = kv_cache_bytes(cfg, engine.model.max_context) as usize;
     tracing::info!(
         "KV cache: {:.1} MiB per session at max_context, up to {} sessions ({:.1} MiB)",
         kv_bytes as f64 / (1 << 20) as f64,
@@ -177,29 +185,32 @@ async fn serve(config: Config) -> Result<()> {
         tracing::info!("shutting down: no new connections; in-flight requests get {grace:?} to finish");
         let _ = stop_tx.send(true);
     });
-    let mut server_stop = stop_rx.clone();
-    let server = axum::serve(listener, routes::router(st)).with_graceful_shutdown(async move {
-        let _ = server_stop.wait_for(|s| *s).await;
-    });
-    let mut server = std::pin::pin!(server.into_future());
+    let limits = listener::ConnLimits {
+        max_connections: config.max_connections,
+        header_read_timeout: Duration::from_secs_f64(config.header_read_timeout),
+        idle_timeout: Duration::from_secs_f64(config.idle_timeout),
+    };
+    let server = listener::serve(listener, routes::router(st, admission), limits, stop_rx.clone());
+    let mut server = std::pin::pin!(server);
+    // The server returns only after the stop signal, once its connections are closed.
     tokio::select! {
-        r = &mut server => return r.context("the HTTP server failed"),
+        _ = &mut server => return Ok(()),
         _ = stop_rx.wait_for(|s| *s) => {}
     }
     let _ = scheduler.tell(Drain).await;
     tokio::select! {
-        r = &mut server => return r.context("the HTTP server failed"),
+        _ = &mut server => return Ok(()),
         _ = tokio::time::sleep(grace) => {}
     }
     tracing::warn!("shutdown grace over: cancelling the requests still running or queued");
     let _ = scheduler.tell(CancelAll).await;
     tokio::select! {
-        r = &mut server => r.context("the HTTP server failed"),
+        _ = &mut server => {}
         _ = tokio::time::sleep(CLOSE_WAIT) => {
             tracing::warn!("connections still open after cancelling; exiting anyway");
-            Ok(())
         }
     }
+    Ok(())
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).

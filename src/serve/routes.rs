@@ -1,9 +1,10 @@
 //! The router: OpenAI routes behind the optional API key, `/health`, `/metrics`, and
-//! JSON answers for unknown routes and methods.
+//! JSON answers for unknown routes and methods (and for every other error, see
+//! [`json_errors`]).
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -11,12 +12,13 @@ use axum::{middleware, Json, Router};
 use serde_json::{json, Value};
 use smoe_actors::scheduler::Status;
 
-use super::error::ApiError;
+use super::admission::Admission;
+use super::error::{json_errors, ApiError};
 use super::state::AppState;
 use super::{auth, completions, metrics};
 
-/// All routes.
-pub fn router(st: Arc<AppState>) -> Router {
+/// All routes; the completion routes take their intake limits from `adm`.
+pub fn router(st: Arc<AppState>, adm: Arc<Admission>) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::text))
@@ -29,7 +31,9 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics::render))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(Extension(adm))
         .layer(middleware::from_fn(metrics::count_requests))
+        .layer(middleware::from_fn(json_errors))
         .with_state(st)
 }
 
@@ -63,8 +67,12 @@ async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Respo
     }
 }
 
-/// `GET /health`: 200 while serving, 503 once shutting down.
-async fn health(State(st): State<Arc<AppState>>) -> Response {
+/// `GET /health`: 200 while serving, 503 once shutting down or once the vault's
+/// background check found it corrupt.
+async fn health(State(st): State<Arc<AppState>>, Extension(adm): Extension<Arc<Admission>>) -> Response {
+    if matches!(adm.integrity.status(), Some(Err(_))) {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "vault_corrupt"}))).into_response();
+    }
     match st.scheduler.ask(Status).await {
         Ok(s) if s.accepting => Json(json!({
             "status": "ok",

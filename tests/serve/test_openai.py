@@ -173,4 +173,14 @@ def test_request_metrics_count_statuses():
     assert m["smoe_ttft_seconds_count"] >= 1 and m["smoe_token_latency_seconds_count"] >= 1
 
 
+def test_vault_format_metrics():
+    m = metrics(BASE)
+    tensors = {k: v for k, v in m.items() if k.startswith("smoe_vault_tensors{")}
+    experts = sum(v for k, v in tensors.items() if 'kind="experts"' in k)
+    assert experts > 0 and experts % 3 == 0, tensors  # three matrices per expert
+    assert m['smoe_vault_tensors{dtype="f32",kind="resident"}'] > 0, tensors  # norms
+    assert all(m[k.replace("tensors", "bytes", 1)] > 0 for k in tensors), m
+    assert 0 < m["smoe_expert_bytes"] <= m["smoe_ring_slot_bytes"], m
+
+
 run([(name, fn) for name, fn in list(globals().items()) if name.startswith("test_")])

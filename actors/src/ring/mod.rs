@@ -12,6 +12,7 @@
 //! * Nothing ever wipes the ring: expert weights are immutable, so a retained slot can
 //!   never be stale, across tokens, requests and sessions.
 
+pub mod budget;
 pub mod memory;
 mod publish;
 pub mod slots;
@@ -256,7 +257,8 @@ impl LoadSink for Shared {
 /// Ring cache settings.
 #[derive(Clone, Debug)]
 pub struct RingOptions {
-    /// Number of slots (clamped to 1..=all experts of the vault).
+    /// Number of slots: at least 1 ([`RingError::NoSlots`] otherwise), at most all
+    /// experts of the vault (more would never be used).
     pub slots: usize,
     /// Streamer settings.
     pub streamer: StreamerOptions,
@@ -274,6 +276,15 @@ pub enum RingError {
         bytes: usize,
         /// The allocator's error.
         source: std::io::Error,
+    },
+    /// The ring size gives no slot (a byte budget below one expert blob).
+    #[error(
+        "the ring must hold at least one expert, and one slot takes {bytes} bytes: set `ring_bytes` \
+         (--ring-bytes) to at least that, or `ring_slots` (--ring-slots) to at least 1"
+    )]
+    NoSlots {
+        /// Bytes per slot (the blob stride).
+        bytes: usize,
     },
     /// The streamer could not start.
     #[error(transparent)]
@@ -297,8 +308,11 @@ impl RingCache {
     ) -> Result<RingCache, RingError> {
         let cfg = &vault.manifest().model;
         let total = vault.manifest().experts.layers.len() * cfg.num_experts;
-        let n = opts.slots.clamp(1, total.max(1));
         let bytes = vault.max_blob_stride() as usize;
+        if opts.slots == 0 {
+            return Err(RingError::NoSlots { bytes });
+        }
+        let n = opts.slots.min(total.max(1));
         let mut blob_len = vec![0; cfg.num_hidden_layers];
         for l in &vault.manifest().experts.layers {
             blob_len[l.layer] = l.layout.blob_len as usize;

@@ -123,7 +123,7 @@ pub struct Submit(pub Job);
 impl Message<Submit> for Scheduler {
     type Reply = Result<(), SubmitError>;
 
-    async fn handle(&mut self, Submit(job): Submit, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(&mut self, Submit(job): Submit, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         if !self.accepting {
             return Err(SubmitError::ShuttingDown);
         }
@@ -131,6 +131,13 @@ impl Message<Submit> for Scheduler {
         if self.running.is_some() && self.queue.len() >= self.opts.max_queue {
             return Err(SubmitError::QueueFull { retry_after: self.retry_after() });
         }
+        // Watch for the caller going away while the job waits, to free its place at once.
+        let events = job.events.clone();
+        let me = ctx.actor_ref().clone();
+        tokio::spawn(async move {
+            events.closed().await;
+            let _ = me.tell(CallerGone).await;
+        });
         self.queue.push_back(Queued {
             job,
             admitted: Instant::now(),
@@ -138,6 +145,22 @@ impl Message<Submit> for Scheduler {
         });
         self.dispatch();
         Ok(())
+    }
+}
+
+/// Sent when a job's caller dropped its receiver: queued jobs without a caller leave.
+struct CallerGone;
+
+impl Message<CallerGone> for Scheduler {
+    type Reply = ();
+
+    async fn handle(&mut self, _: CallerGone, _: &mut Context<Self, Self::Reply>) {
+        let before = self.queue.len();
+        self.queue.retain(|q| !q.job.events.is_closed());
+        if self.queue.len() < before {
+            tracing::debug!("dropped {} queued job(s) whose caller went away", before - self.queue.len());
+            self.publish();
+        }
     }
 }
 

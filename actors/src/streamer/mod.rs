@@ -12,8 +12,7 @@ mod pread;
 pub mod queue;
 mod uring;
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,6 +21,7 @@ use std::time::Duration;
 use smoe_proto::{ExpertKey, ReadRequest, VaultError};
 
 use crate::blob_check::verify_blob;
+use crate::vault::files::open_direct;
 use crate::vault::{BlobLocation, Vault};
 use queue::IoQueue;
 
@@ -139,26 +139,14 @@ impl BlobFiles {
             (0..vault.manifest().model.num_hidden_layers).map(|_| None).collect();
         let mut warned = false;
         for l in &vault.manifest().experts.layers {
-            let path = vault.dir().join(&l.file);
-            let direct = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path);
-            let file = match direct {
-                Ok(f) => f,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    if !warned {
-                        tracing::warn!(
-                            "{}: O_DIRECT not supported by this filesystem; using buffered reads",
-                            path.display()
-                        );
-                        warned = true;
-                    }
-                    File::open(&path).map_err(|e| VaultError::Io {
-                        file: path.clone(),
-                        offset: 0,
-                        source: e,
-                    })?
-                }
-                Err(e) => return Err(VaultError::Io { file: path, offset: 0, source: e }),
-            };
+            let (file, direct) = open_direct(vault.dir(), &l.file)?;
+            if !direct && !warned {
+                tracing::warn!(
+                    "{}: O_DIRECT not supported by this filesystem; using buffered reads",
+                    vault.dir().join(&l.file).display()
+                );
+                warned = true;
+            }
             files[l.layer] = Some(file);
         }
         Ok(BlobFiles { vault, files })
@@ -201,6 +189,9 @@ pub enum StreamerError {
     /// A layer file could not be opened.
     #[error(transparent)]
     Vault(#[from] VaultError),
+    /// An I/O thread could not be started (too many threads for this system).
+    #[error("cannot start a streamer thread ({0}); lower queue_depth (--queue-depth)")]
+    Thread(std::io::Error),
 }
 
 /// A running streamer.
@@ -233,24 +224,27 @@ impl Streamer {
                 }
             },
         };
-        let mut threads = Vec::new();
-        let mode = match uring {
+        let mode = if uring.is_some() { IoMode::IoUring } else { IoMode::Pread };
+        // Threads join the streamer as they start, so a failed start stops those
+        // already running (through `Drop`).
+        let mut streamer = Streamer { queue: queue.clone(), threads: Vec::new(), mode };
+        match uring {
             Some(worker) => {
-                let (q, f, s, fault) = (queue.clone(), files.clone(), sink.clone(), opts.fault.clone());
-                threads.push(spawn("smoe-uring", move || worker.run(&q, &f, s.as_ref(), fault.as_deref())));
-                IoMode::IoUring
+                let (q, f, s, fault) = (queue, files, sink, opts.fault.clone());
+                streamer
+                    .threads
+                    .push(spawn("smoe-uring", move || worker.run(&q, &f, s.as_ref(), fault.as_deref()))?);
             }
             None => {
                 for i in 0..depth {
                     let (q, f, s, fault) = (queue.clone(), files.clone(), sink.clone(), opts.fault.clone());
-                    threads.push(spawn(&format!("smoe-pread-{i}"), move || {
+                    streamer.threads.push(spawn(&format!("smoe-pread-{i}"), move || {
                         pread::run(&q, &f, s.as_ref(), fault.as_deref())
-                    }));
+                    })?);
                 }
-                IoMode::Pread
             }
-        };
-        Ok(Streamer { queue, threads, mode })
+        }
+        Ok(streamer)
     }
 
     /// Queues a read.
@@ -274,8 +268,8 @@ impl Streamer {
     }
 }
 
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
-    std::thread::Builder::new().name(name.to_string()).spawn(f).expect("spawning a streamer thread")
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, StreamerError> {
+    std::thread::Builder::new().name(name.to_string()).spawn(f).map_err(StreamerError::Thread)
 }
 
 impl Drop for Streamer {

@@ -1,9 +1,14 @@
 //! Opening a vault: the manifest is parsed and checked against the files next to it,
-//! the resident tensors are memory-mapped and verified once, and the blob index is kept
-//! for the streamer that reads the experts.
+//! the resident tensors are memory-mapped (their checksums are verified in the
+//! background, see [`integrity`]), and the blob index is kept for the streamer that
+//! reads the experts. Every file is opened through [`files`]: only regular files inside
+//! the vault directory.
 
-use std::fs::File;
+pub mod files;
+pub mod integrity;
+
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use smoe_proto::{
@@ -12,12 +17,14 @@ use smoe_proto::{
 };
 
 use crate::tensor::WeightView;
+use integrity::ResidentCheck;
 
 /// An opened, validated vault.
 pub struct Vault {
     dir: PathBuf,
     manifest: Manifest,
-    resident: Mmap,
+    resident: Arc<Mmap>,
+    resident_check: Arc<ResidentCheck>,
     /// For each decoder layer, the index into `manifest.experts.layers` (MoE layers only).
     layer_slot: Vec<Option<usize>>,
 }
@@ -62,33 +69,17 @@ fn manifest_err(file: &Path, reason: impl Into<String>) -> VaultError {
 
 impl Vault {
     /// Opens the vault in `dir`, checking the format version, the manifest against the
-    /// model configuration and the file sizes, and every resident tensor's checksum.
+    /// model configuration, the file sizes and where every tensor and blob lies, and
+    /// starts verifying the resident tensors' checksums in the background
+    /// ([`Vault::resident_check`]).
     pub fn open(dir: impl AsRef<Path>) -> Result<Vault, VaultError> {
         let dir = dir.as_ref().to_path_buf();
         let mpath = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&mpath).map_err(|e| {
-            manifest_err(
-                &mpath,
-                format!("cannot read the vault manifest ({e}); is this a directory made by `smoe-pipeline convert`?"),
-            )
-        })?;
-        let version: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
-        let found = version.get("format_version").and_then(|v| v.as_u64());
-        match found {
-            Some(v) if v == FORMAT_VERSION as u64 => {}
-            Some(v) => {
-                return Err(VaultError::Version { file: mpath, found: v as u32, expected: FORMAT_VERSION })
-            }
-            None => return Err(manifest_err(&mpath, "missing `format_version`")),
-        }
-        let manifest = Manifest::from_json(version)
-            .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
-        manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
+        let manifest = read_manifest(&dir)?;
         let layer_slot = check_expert_index(&mpath, &dir, &manifest)?;
 
+        let rfile = files::open_member(&dir, &manifest.resident.file, 0)?;
         let rpath = dir.join(&manifest.resident.file);
-        let rfile = File::open(&rpath).map_err(|e| manifest_err(&rpath, format!("cannot open: {e}")))?;
         let actual = rfile.metadata().map(|m| m.len()).unwrap_or(0);
         if actual != manifest.resident.file_len {
             return Err(manifest_err(
@@ -116,16 +107,10 @@ impl Vault {
                     ),
                 ));
             }
-            let bytes = &resident[t.offset as usize..(t.offset + t.len) as usize];
-            if crc32c::crc32c(bytes) != t.crc32c {
-                return Err(VaultError::TensorChecksum {
-                    name: t.name.clone(),
-                    file: rpath.clone(),
-                    offset: t.offset,
-                });
-            }
         }
-        Ok(Vault { dir, manifest, resident, layer_slot })
+        let resident = Arc::new(resident);
+        let resident_check = ResidentCheck::start(resident.clone(), manifest.resident.tensors.clone(), rpath);
+        Ok(Vault { dir, manifest, resident, resident_check, layer_slot })
     }
 
     /// The vault directory.
@@ -199,6 +184,33 @@ impl Vault {
     }
 }
 
+/// Reads and parses the manifest of the vault in `dir`, checking its format version and
+/// model configuration (not the files it names: [`Vault::open`] does that).
+pub fn read_manifest(dir: &Path) -> Result<Manifest, VaultError> {
+    let mpath = dir.join(MANIFEST_FILE);
+    let text = files::read_member(dir, MANIFEST_FILE, files::MAX_METADATA_BYTES).map_err(|e| {
+        manifest_err(
+            &mpath,
+            format!(
+                "cannot read the vault manifest ({e}); is this a directory made by `smoe-pipeline convert`?"
+            ),
+        )
+    })?;
+    let version: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
+    match version.get("format_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == FORMAT_VERSION as u64 => {}
+        Some(v) => {
+            return Err(VaultError::Version { file: mpath, found: v as u32, expected: FORMAT_VERSION })
+        }
+        None => return Err(manifest_err(&mpath, "missing `format_version`")),
+    }
+    let manifest =
+        Manifest::from_json(version).map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
+    manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
+    Ok(manifest)
+}
+
 /// Checks the expert index against the model and the layer files' sizes; returns the
 /// decoder-layer → index map.
 fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Option<usize>>, VaultError> {
@@ -238,7 +250,8 @@ fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Opti
                 ),
             ));
         }
-        let actual = std::fs::metadata(&path)
+        let actual = files::open_member(dir, &l.file, 0)?
+            .metadata()
             .map_err(|e| manifest_err(&path, format!("cannot open expert file: {e}")))?
             .len();
         if actual != l.file_len {
