@@ -4,10 +4,10 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::startup::open_engine;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use smoe_actors::contract::ForwardPass;
-use smoe_actors::executor::Executor;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::sampler::SamplingParams;
 use smoe_proto::stats::SLOT_STATES;
@@ -23,8 +23,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         PrefillMode::Serial => 1,
     };
     let opts = EngineSettings::from(&args.engine).engine_options(&args.vault, 1)?;
-    let (engine, mut fwd) =
-        Executor::open(&args.vault, &opts, args.engine.backend, args.engine.device, rows)?;
+    let (engine, mut fwd) = open_engine(&args.vault, &opts, args.engine.backend, args.engine.device, rows)?;
     let model = Arc::clone(&engine.model);
     let tok = match &args.prompt {
         Some(_) => Some(tokenizer::load(&args.vault)?),
@@ -131,6 +130,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "decode_tokens": stats.decode_tokens(),
                 "decode_tok_s": stats.decode_tok_s(),
                 "decode_blob_reads": stats.decode_claims.misses,
+                "decode_ring_hits": stats.decode_claims.hits,
                 "decode_bytes_read": stats.decode_claims.bytes,
                 "spec_depth": args.engine.spec_depth,
                 "bets_issued": ring.bets_issued,

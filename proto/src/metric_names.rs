@@ -69,6 +69,9 @@ pub const VAULT_BYTES: &str = "smoe_vault_bytes";
 pub const EXPERT_BYTES: &str = "smoe_expert_bytes";
 /// Gauge: bytes of one ring slot (the largest blob stride of the vault).
 pub const RING_SLOT_BYTES: &str = "smoe_ring_slot_bytes";
+/// Gauge: bytes of ring slot memory resident in RAM (slots are faulted in and pinned on
+/// their first read, not at start-up).
+pub const RING_RESIDENT_BYTES: &str = "smoe_ring_resident_bytes";
 
 // HTTP daemon.
 

@@ -20,9 +20,9 @@ mod stops;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::startup::open_engine;
 use anyhow::{Context, Result};
 use kameo::actor::Spawn;
-use smoe_actors::executor::Executor;
 use smoe_actors::ring::budget::kv_cache_bytes;
 use smoe_actors::scheduler::{CancelAll, Drain, Scheduler, SchedulerOptions};
 use smoe_proto::human_bytes;
@@ -74,7 +74,7 @@ async fn serve(config: Config) -> Result<()> {
     if demo {
         tracing::warn!("no vault configured: serving the built-in {}", demo::LABEL);
     }
-    let (engine, executor) = Executor::open(
+    let (engine, executor) = open_engine(
         &vault,
         &config.engine_options(&vault)?,
         config.backend_kind()?,

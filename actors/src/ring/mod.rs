@@ -342,6 +342,15 @@ impl RingCache {
         self.shared.slots.len()
     }
 
+    /// Bytes of slot memory resident in RAM now: slots are faulted in (and, on the
+    /// io_uring path, registered) on their first read, so this grows from 0 at start-up
+    /// to the whole ring as slots are used. 0 where the kernel cannot tell (e.g. a GPU
+    /// driver's mapping).
+    pub fn resident_bytes(&self) -> u64 {
+        let arena = &self.shared.arena;
+        memory::resident_bytes(arena.base(), arena.n_slots() * arena.slot_bytes())
+    }
+
     /// The I/O path in use.
     pub fn io_mode(&self) -> IoMode {
         self.streamer.mode()
