@@ -84,13 +84,15 @@ pub fn generate<P: ForwardPass>(
         }
         let logits = fwd.forward(kv, &[next], true)?.expect("logits requested");
         let tok = sampler.sample(logits, &history);
+        let sampled_at = Instant::now();
+        let wanted = on_token(tok, logits);
         stats.generated_tokens += 1;
         if first.is_none() {
-            stats.ttft = start.elapsed();
-            first = Some((Instant::now(), fwd.tally()));
+            stats.ttft = sampled_at - start;
+            first = Some((sampled_at, fwd.tally()));
         }
         history.push(tok);
-        if !on_token(tok, logits) {
+        if !wanted {
             break FinishReason::Stopped;
         }
         if !req.ignore_eos && eos.contains(&tok) {
