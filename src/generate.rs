@@ -142,6 +142,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "ring_misses": ring.misses,
                 "ring_evictions": ring.evictions,
                 "ring_slots": engine.ring.n_slots(),
+                "ring_bytes": engine.ring.ring_bytes(),
+                "ring_classes": engine.ring.classes().iter().map(|c| json!({
+                    "slot_bytes": c.stride, "slots": c.slots, "layers": c.layers,
+                })).collect::<Vec<_>>(),
                 "slot_states": slot_states,
                 "io": engine.ring.io_mode().name(),
                 "bytes_per_expert": manifest.experts.mean_blob_len(),

@@ -46,7 +46,7 @@ impl UringWorker {
     fn fixed_buffer(&mut self, sink: &dyn LoadSink, slot: u32) -> Option<u16> {
         let registered = self.registered.as_mut()?;
         if !registered[slot as usize] {
-            let iov = libc::iovec { iov_base: sink.slot_ptr(slot).cast(), iov_len: sink.geometry().1 };
+            let iov = libc::iovec { iov_base: sink.slot_ptr(slot).cast(), iov_len: sink.slot_len(slot) };
             // SAFETY: the slot memory outlives the ring (the ring cache owns both and drops
             // the streamer first).
             if let Err(e) = unsafe { self.ring.submitter().register_buffers_update(slot, &[iov], None) } {
@@ -152,8 +152,8 @@ impl UringWorker {
 /// An empty (sparse) table of one fixed buffer per slot, all unregistered; `None` when
 /// the slots cannot be registered.
 fn buffer_table(ring: &IoUring, sink: &dyn LoadSink) -> Option<Vec<bool>> {
-    let (n, bytes) = sink.geometry();
-    if n == 0 || n > MAX_FIXED_BUFFERS || bytes > (1 << 30) {
+    let n = sink.n_slots();
+    if n == 0 || n > MAX_FIXED_BUFFERS {
         return None;
     }
     match ring.submitter().register_buffers_sparse(n as u32) {
