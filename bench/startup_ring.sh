@@ -13,6 +13,8 @@ set -euo pipefail
 a=$1 b=$2 vault=$3 ring=$4 rounds=${5:-3} port=${6:-18931}
 url="http://127.0.0.1:$port"
 echo "# vault $vault, ring $ring, io_uring, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+if curl -sf "$url/health" >/dev/null 2>&1; then echo "something already answers on $url" >&2; exit 1; fi
+trap 'kill "${pid:-}" 2>/dev/null || true' EXIT
 for round in $(seq "$rounds"); do
   for side in "A:$a" "B:$b"; do
     bin=${side#*:}
@@ -27,10 +29,12 @@ for round in $(seq "$rounds"); do
     t1=$(date +%s.%N)
     pinned=$(awk '/VmPin/{print $2}' "/proc/$pid/status")
     rss=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
+    model=$(curl -sf "$url/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
     curl -sf "$url/v1/completions" -H 'content-type: application/json' \
-      -d '{"prompt":"Hello","max_tokens":1}' >/dev/null
+      -d "{\"model\":\"$model\",\"prompt\":\"Hello\",\"max_tokens\":1}" >/dev/null
     t2=$(date +%s.%N)
+    pinned_after=$(awk '/VmPin/{print $2}' "/proc/$pid/status")
     kill "$pid"; wait "$pid" 2>/dev/null || true
-    python3 -c "print('round $round ${side%%:*} ready_s=%.2f first_request_s=%.2f pinned_MiB=%.0f rss_MiB=%.0f' % ($t1-$t0, $t2-$t1, ${pinned:-0}/1024, ${rss:-0}/1024))"
+    python3 -c "print('round $round ${side%%:*} ready_s=%.2f first_request_s=%.2f pinned_MiB=%.0f rss_MiB=%.0f pinned_after_request_MiB=%.0f' % ($t1-$t0, $t2-$t1, ${pinned:-0}/1024, ${rss:-0}/1024, ${pinned_after:-0}/1024))"
   done
 done
