@@ -214,7 +214,9 @@ def run_ours(args, vault, ids, ring_bytes, cgroup):
 
 
 PERF_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
-PERF_EVAL = re.compile(r"^\S*\s*eval time =\s*([\d.]+) ms /\s*(\d+) runs")
+PERF_EVAL = re.compile(r"(?:print:|^)\s*eval time =\s*([\d.]+) ms /\s*(\d+) runs")
+LOG_TOKENS = re.compile(r"(?:^|\s)tokens: (\[.*)$")
+LOG_REMAIN = re.compile(r"(?:^|\s)n_remain: (\d+)$")
 TOKEN_IDS = re.compile(r"':(\d+)(?=[,\s\]])")
 
 
@@ -226,10 +228,11 @@ def run_llama(args, gguf, text, ids, cgroup):
     state = {}
 
     def on_line(run, line):
-        if line.startswith("tokens: [") and "prompt_ids" not in state:
-            state["prompt_ids"] = [int(x) for x in TOKEN_IDS.findall(line)]
-        elif line.startswith("n_remain: "):
-            left = int(line.split()[1])
+        # Lines may carry a timestamp and a level letter before the message.
+        if (m := LOG_TOKENS.search(line)) and "prompt_ids" not in state:
+            state["prompt_ids"] = [int(x) for x in TOKEN_IDS.findall(m.group(1))]
+        elif m := LOG_REMAIN.search(line):
+            left = int(m.group(1))
             if left == n - 1:
                 run.mark("first")
             if left == 0:
