@@ -42,7 +42,11 @@ run() { echo "+ $*" >&2; "$@"; }
 
 # Each step is skipped when its output is there (a re-run reuses them).
 have() { [[ -e $1 ]]; }
-have "$WORK/hf/config.json" ||
+need_hf=0
+for v in bf16.gguf src.vault/manifest.json ours-{q8_0,q6_k,q4_k_m,q5_k_m}.vault/manifest.json; do
+    have "$WORK/$v" || need_hf=1
+done
+[[ $need_hf == 0 ]] || have "$WORK/hf/config.json" ||
     run $BIN synth --format hf --routing trained --preset qwen3-30b-a3b --layers "$LAYERS" \
         --tokenizer assets/demo --out "$WORK/hf" --force
 have "$WORK/bf16.gguf" ||
@@ -68,7 +72,7 @@ set +e
 {
     echo "# quant_rmse $(date -u +%FT%TZ): bench/peer/quant_rmse.sh --layers $LAYERS"
     echo "# checkpoint: smoe-pipeline synth --format hf --routing trained --preset qwen3-30b-a3b --layers $LAYERS --tokenizer assets/demo"
-    echo "# llama.cpp: $(basename "$(readlink -f "$LLAMA_DIR/llama.cpp/../..")") ($("$QUANTIZE" --version 2>&1 | grep -m1 version || true)), no importance matrix"
+    echo "# llama.cpp: $(basename "$(readlink -f "$LLAMA_DIR/llama.cpp/../..")") ($("$LLAMA_DIR/build/bin/llama-completion" --version 2>&1 | grep -m1 version || true)), no importance matrix"
     echo "# pairs: ours q8_0/q6_k vs llama --pure Q8_0/Q6_K; ours q4_k_m vs llama --pure Q4_K and Q4_K_M;"
     echo "#        ours q5_k_m vs llama --pure Q5_K and Q5_K_M (tensors in different formats are listed, not compared)"
     target/release/quant_rmse "$WORK/src.vault" \
