@@ -224,7 +224,11 @@ def run_llama(args, gguf, text, ids, cgroup):
     n = args.decode
     cmd = [args.llama, "-m", gguf, "-p", text, "-n", str(n), "--temp", "0", "--ignore-eos",
            "--no-warmup", "-no-cnv", "--no-display-prompt", "-t", str(args.threads),
-           "-c", str(max(len(ids) + n + 64, 1024)), "-b", "512", "-ub", "512", "-v"]
+           "-c", str(max(len(ids) + n + 64, 1024)), "-b", "512", "-ub", "512", "-v",
+           # Weights stay in the file mapping: repacking (q4_K_8x8, AMX) copies them into
+           # anonymous memory, which no cap below the model fits, and crashed on Q4_K_M
+           # MoE tensors in the build measured (SIGSEGV in the first batch).
+           "--no-repack"]
     state = {}
 
     def on_line(run, line):
