@@ -64,12 +64,19 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let keep_logits = args.logits_out.is_some();
     let mut out = std::io::stdout().lock();
     let mut stream_err = None;
+    // The process's disk reads (/proc/self/io) at the start, at the first token and at
+    // the end: every read, expert blobs and resident pages alike.
+    let io_start = process_read_bytes();
+    let mut io_first = None;
     let (reason, stats) = generate(
         &mut fwd,
         &mut kv,
         &req,
         || false,
         |id, logits| {
+            if ids.is_empty() {
+                io_first = process_read_bytes();
+            }
             ids.push(id);
             if keep_logits {
                 logits_rows.extend_from_slice(logits);
@@ -87,6 +94,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             stream_err.is_none()
         },
     )?;
+    let io_end = process_read_bytes();
     if let Some(e) = stream_err {
         return Err(e);
     }
@@ -132,6 +140,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "decode_blob_reads": stats.decode_claims.misses,
                 "decode_ring_hits": stats.decode_claims.hits,
                 "decode_bytes_read": stats.decode_claims.bytes,
+                "process_read_bytes_prefill": io_first.zip(io_start).map(|(b, a)| b - a),
+                "process_read_bytes_decode": io_end.zip(io_first).map(|(b, a)| b - a),
                 "spec_depth": args.engine.spec_depth,
                 "bets_issued": ring.bets_issued,
                 "bets_used": ring.bets_used,
@@ -160,6 +170,13 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         writeln!(out, "{}", d.flush()?)?;
     }
     Ok(())
+}
+
+/// Bytes this process has caused to be read from storage (`read_bytes` of
+/// `/proc/self/io`), or `None` where that file is missing.
+fn process_read_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
 }
 
 /// Writes one JSON line per expert claim.
