@@ -3,18 +3,24 @@
 use std::path::Path;
 
 use anyhow::{anyhow, Result};
+use smoe_actors::vault::files;
 use tokenizers::Tokenizer;
 
-/// Loads `tokenizer.json` from a vault directory.
+/// Loads `tokenizer.json` from a vault directory, through the vault's reader of member
+/// files (a regular file inside the vault, of bounded size).
 pub fn load(vault_dir: &Path) -> Result<Tokenizer> {
-    let path = vault_dir.join("tokenizer.json");
-    if !path.exists() {
-        anyhow::bail!(
-            "{} is missing: this vault has no tokenizer; pass --prompt-ids instead of --prompt",
-            path.display()
-        );
+    const NAME: &str = "tokenizer.json";
+    let path = vault_dir.join(NAME);
+    if let Err(e) = std::fs::symlink_metadata(&path) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow::bail!(
+                "{} is missing: this vault has no tokenizer; pass --prompt-ids instead of --prompt",
+                path.display()
+            );
+        }
     }
-    Tokenizer::from_file(&path).map_err(|e| anyhow!("cannot load {}: {e}", path.display()))
+    let bytes = files::read_member(vault_dir, NAME, files::MAX_METADATA_BYTES)?;
+    Tokenizer::from_bytes(bytes).map_err(|e| anyhow!("cannot load {}: {e}", path.display()))
 }
 
 /// Tokenizes `text` the way the HuggingFace tokenizer does by default.

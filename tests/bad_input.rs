@@ -354,7 +354,14 @@ fn run_within(args: &[&str], secs: u64) -> Option<std::process::Output> {
 
 /// `generate` on `vault` fails within 20 s (no hang) with an error containing `want`.
 fn fails_fast_with(vault: &Path, want: &[&str]) {
-    let args = ["generate", "--vault", vault.to_str().unwrap(), "--prompt-ids", "1,2", "--max-tokens", "2"];
+    generate_fails_fast(vault, &["--prompt-ids", "1,2"], want);
+}
+
+/// `generate` on `vault` with the prompt arguments `prompt` exits within 20 s with an
+/// error that says every `want`.
+fn generate_fails_fast(vault: &Path, prompt: &[&str], want: &[&str]) {
+    let mut args = vec!["generate", "--vault", vault.to_str().unwrap(), "--max-tokens", "2"];
+    args.extend(prompt);
     let out = run_within(&args, 20).unwrap_or_else(|| panic!("generate hung on {}", vault.display()));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -420,6 +427,14 @@ fn fifos_devices_and_paths_outside_the_vault_are_refused() {
     std::fs::write(&resident, saved).unwrap();
     mkfifo(&vault.join("manifest.json"));
     fails_fast_with(&vault, &["manifest.json", "is a FIFO"]);
+}
+
+#[test]
+fn a_fifo_for_the_tokenizer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    mkfifo(&vault.join("tokenizer.json"));
+    generate_fails_fast(&vault, &["--prompt", "hello"], &["tokenizer.json", "is a FIFO"]);
 }
 
 /// Flips one byte of `file` at `offset`.

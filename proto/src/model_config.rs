@@ -3,6 +3,15 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Most decoder layers a model may have (layer indices are 16-bit in expert keys).
+pub const MAX_LAYERS: usize = u16::MAX as usize;
+/// Most routed experts per MoE layer (expert indices are 16-bit in expert keys).
+pub const MAX_EXPERTS: usize = u16::MAX as usize;
+
+/// Most bytes one session's KV cache may need over the whole trained context (1 PiB;
+/// bounds the sizes derived from a model's shape so that none overflows).
+pub const MAX_KV_BYTES: u64 = 1 << 50;
+
 /// Shape and hyper-parameters of a Qwen3-MoE style decoder, as stored in the vault
 /// manifest. Produced by the checkpoint reader from a HuggingFace `config.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,15 +61,22 @@ impl ModelConfig {
     /// Whether decoder layer `layer` uses the routed-expert MoE block (otherwise the
     /// dense MLP), following the Qwen3-MoE rule.
     pub fn is_moe_layer(&self, layer: usize) -> bool {
-        !self.mlp_only_layers.contains(&layer)
-            && self.num_experts > 0
-            && self.decoder_sparse_step > 0
-            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+        !self.mlp_only_layers.contains(&layer) && self.sparse_step_routes(layer)
     }
 
-    /// Indices of the MoE layers, in order.
+    /// Indices of the MoE layers, in order (linear in the layer count, however long
+    /// `mlp_only_layers` is).
     pub fn moe_layers(&self) -> Vec<usize> {
-        (0..self.num_hidden_layers).filter(|&l| self.is_moe_layer(l)).collect()
+        let dense: std::collections::HashSet<usize> = self.mlp_only_layers.iter().copied().collect();
+        (0..self.num_hidden_layers).filter(|&l| !dense.contains(&l) && self.sparse_step_routes(l)).collect()
+    }
+
+    /// The Qwen3-MoE rule without `mlp_only_layers`: experts exist and `layer` is a
+    /// multiple of `decoder_sparse_step` (counting from 1).
+    fn sparse_step_routes(&self, layer: usize) -> bool {
+        self.num_experts > 0
+            && self.decoder_sparse_step > 0
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
     }
 
     /// Rows of the fused query projection.
@@ -98,6 +114,29 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return Err(format!("`head_dim` ({}) must be even for RoPE", self.head_dim));
         }
+        if self.num_experts > MAX_EXPERTS || self.num_hidden_layers > MAX_LAYERS {
+            return Err(format!(
+                "`num_experts` ({}) and `num_hidden_layers` ({}) must be at most {MAX_EXPERTS} and {MAX_LAYERS}",
+                self.num_experts, self.num_hidden_layers
+            ));
+        }
+        // Every size derived from the shape (projections, one session's KV cache over the
+        // whole trained context) must fit in 64 bits.
+        let kv_bytes = [self.head_dim, self.num_hidden_layers, self.max_position_embeddings, 2 * 4]
+            .iter()
+            .try_fold(self.num_key_value_heads as u64, |acc, &d| acc.checked_mul(d as u64));
+        let q_dim = self.num_attention_heads.checked_mul(self.head_dim);
+        if q_dim.is_none() || kv_bytes.is_none_or(|b| b > MAX_KV_BYTES) {
+            return Err(format!(
+                "the attention shape ({} query and {} key/value heads of {} over {} layers and {} positions) \
+                 needs more than {MAX_KV_BYTES} bytes of KV cache per session",
+                self.num_attention_heads,
+                self.num_key_value_heads,
+                self.head_dim,
+                self.num_hidden_layers,
+                self.max_position_embeddings
+            ));
+        }
         if self.num_experts > 0 {
             if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
                 return Err(format!(
@@ -108,11 +147,8 @@ impl ModelConfig {
             if self.moe_intermediate_size == 0 {
                 return Err("`moe_intermediate_size` must be positive".into());
             }
-            if self.num_experts > u16::MAX as usize || self.num_hidden_layers > u16::MAX as usize {
-                return Err("`num_experts` and `num_hidden_layers` must fit in 16 bits".into());
-            }
         }
-        if (0..self.num_hidden_layers).any(|l| !self.is_moe_layer(l)) && self.intermediate_size == 0 {
+        if self.moe_layers().len() < self.num_hidden_layers && self.intermediate_size == 0 {
             return Err("`intermediate_size` must be positive when dense layers exist".into());
         }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 {

@@ -281,12 +281,18 @@ pub struct BlobEntry {
 /// blocks or the size overflows.
 pub fn tensor_bytes(dtype: DType, shape: &[usize]) -> Option<u64> {
     let (cols, outer) = shape.split_last().map_or((1, &[][..]), |(c, o)| (*c, o));
-    dtype.matrix_bytes(outer.iter().product(), cols)
+    let rows = outer.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
+    dtype.matrix_bytes(rows, cols)
 }
 
 /// Rounds `n` up to a multiple of `align` (a power of two).
 pub fn align_up(n: u64, align: u64) -> u64 {
     (n + align - 1) & !(align - 1)
+}
+
+/// [`align_up`], `None` where the result does not fit in a `u64`.
+pub fn checked_align_up(n: u64, align: u64) -> Option<u64> {
+    Some(n.checked_add(align - 1)? & !(align - 1))
 }
 
 impl ExpertLayout {
@@ -297,15 +303,16 @@ impl ExpertLayout {
         let [g, u, d] = types;
         let gate = PartLayout { offset: 0, rows: inter, cols: hidden, dtype: g };
         let up = PartLayout {
-            offset: align_up(g.matrix_bytes(inter, hidden)?, 64),
+            offset: checked_align_up(g.matrix_bytes(inter, hidden)?, 64)?,
             rows: inter,
             cols: hidden,
             dtype: u,
         };
-        let down_at = align_up(up.offset + u.matrix_bytes(inter, hidden)?, 64);
+        let down_at = checked_align_up(up.offset.checked_add(u.matrix_bytes(inter, hidden)?)?, 64)?;
         let down = PartLayout { offset: down_at, rows: hidden, cols: inter, dtype: d };
-        let blob_len = down_at + d.matrix_bytes(hidden, inter)?;
-        Some(ExpertLayout { gate, up, down, blob_len, blob_stride: align_up(blob_len, BLOB_ALIGN) })
+        let blob_len = down_at.checked_add(d.matrix_bytes(hidden, inter)?)?;
+        let blob_stride = checked_align_up(blob_len, BLOB_ALIGN)?;
+        Some(ExpertLayout { gate, up, down, blob_len, blob_stride })
     }
 
     /// The three matrices with their tensor names (`gate_proj`, `up_proj`, `down_proj`),

@@ -103,6 +103,39 @@ fn model_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The tensors the header of the safetensors file `path` (shard `shard`, bytes `map`)
+/// lists, with their extents in `map` (checked to lie inside it).
+pub fn read_header(path: &Path, shard: usize, map: &[u8]) -> Result<Vec<(String, TensorInfo)>> {
+    let (header_len, meta) = SafeTensors::read_metadata(map)
+        .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
+    let base = 8 + header_len;
+    let mut tensors = Vec::new();
+    for (name, info) in meta.tensors() {
+        let dtype = match info.dtype {
+            Dtype::F32 => SrcDtype::F32,
+            Dtype::BF16 => SrcDtype::Bf16,
+            Dtype::F16 => SrcDtype::F16,
+            other => bail!(
+                "{}: tensor `{name}` has dtype {other:?}; supported dtypes are F32, BF16 and F16",
+                path.display()
+            ),
+        };
+        let (s, e) = info.data_offsets;
+        let (Some(start), Some(end)) = (base.checked_add(s), base.checked_add(e)) else {
+            bail!("{}: tensor `{name}` has data offsets {s}..{e} that overflow", path.display());
+        };
+        if start > end || end > map.len() {
+            bail!(
+                "{}: tensor `{name}` has data offsets {s}..{e} outside the file's {} data bytes",
+                path.display(),
+                map.len().saturating_sub(base)
+            );
+        }
+        tensors.push((name.clone(), TensorInfo { shard, dtype, shape: info.shape.clone(), start, end }));
+    }
+    Ok(tensors)
+}
+
 /// An opened checkpoint directory.
 pub struct Checkpoint {
     /// Shard file paths.
@@ -124,27 +157,7 @@ impl Checkpoint {
             // SAFETY: the checkpoint is read-only input; it must not change during conversion.
             let map =
                 unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
-            let (header_len, meta) = SafeTensors::read_metadata(&map)
-                .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
-            let base = 8 + header_len;
-            for (name, info) in meta.tensors() {
-                let dtype = match info.dtype {
-                    Dtype::F32 => SrcDtype::F32,
-                    Dtype::BF16 => SrcDtype::Bf16,
-                    Dtype::F16 => SrcDtype::F16,
-                    other => bail!(
-                        "{}: tensor `{name}` has dtype {other:?}; supported dtypes are F32, BF16 and F16",
-                        path.display()
-                    ),
-                };
-                let (s, e) = info.data_offsets;
-                let t = TensorInfo {
-                    shard: si,
-                    dtype,
-                    shape: info.shape.clone(),
-                    start: base + s,
-                    end: base + e,
-                };
+            for (name, t) in read_header(path, si, &map)? {
                 if let Some(first) = tensors.insert(name.clone(), t) {
                     bail!(
                         "tensor `{name}` is in two files of the checkpoint: {} and {}",

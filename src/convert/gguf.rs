@@ -431,6 +431,26 @@ impl GgufFile {
             }
             None => vec![path.to_path_buf()],
         };
+        let parts = paths.iter().enumerate().map(|(i, p)| read_part(p, i)).collect::<Result<Vec<_>>>()?;
+        GgufFile::assemble(parts)
+    }
+
+    /// Reads a single-file GGUF model from `bytes` (copied into memory); `name` stands
+    /// for the file in errors. For parsing untrusted bytes without a file.
+    pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<GgufFile> {
+        let (header, metadata, tensors) = parse_part(name, 0, bytes)?;
+        let io = |source| GgufError::Io { path: name.to_path_buf(), source };
+        // Not empty: the header was read from it.
+        let mut map = memmap2::MmapMut::map_anon(bytes.len()).map_err(io)?;
+        map.copy_from_slice(bytes);
+        let part = header.with_map(name, map.make_read_only().map_err(io)?);
+        GgufFile::assemble(vec![(part, metadata, tensors)])
+    }
+
+    /// The model of the parts read (first part first): the first part's metadata, every
+    /// part's tensors, checked for split keys, duplicate names and the total count.
+    fn assemble(read: Vec<(Part, Metadata, Vec<TensorInfo>)>) -> Result<GgufFile> {
+        let paths: Vec<PathBuf> = read.iter().map(|(p, _, _)| p.path.clone()).collect();
         let mut file = GgufFile {
             parts: Vec::new(),
             metadata: Vec::new(),
@@ -440,9 +460,9 @@ impl GgufFile {
         };
         // Each part's split.tensors.count, checked once every part is read.
         let mut totals = Vec::new();
-        for (i, p) in paths.iter().enumerate() {
-            let (part, metadata, tensors) = read_part(p, i)?;
-            check_split_keys(&part.path, &metadata, i, paths.len())?;
+        for (i, (part, metadata, tensors)) in read.into_iter().enumerate() {
+            let p = &paths[i];
+            check_split_keys(p, &metadata, i, paths.len())?;
             let total =
                 metadata.iter().find(|(k, _)| k == "split.tensors.count").and_then(|(_, v)| v.as_u64());
             totals.push((p.clone(), total));
@@ -452,11 +472,13 @@ impl GgufFile {
             }
             for t in tensors {
                 if let Some(&j) = file.by_name.get(&t.name) {
-                    let first = &paths[file.tensors[j].part];
-                    return Err(GgufError::Split {
-                        path: p.clone(),
-                        detail: format!("tensor {} is also in {}", t.name, first.display()),
-                    });
+                    let first = file.tensors[j].part;
+                    let detail = if first == i {
+                        format!("tensor {} appears twice in this file", t.name)
+                    } else {
+                        format!("tensor {} is also in {}", t.name, paths[first].display())
+                    };
+                    return Err(GgufError::Split { path: p.clone(), detail });
                 }
                 file.by_name.insert(t.name.clone(), file.tensors.len());
                 file.tensors.push(t);
@@ -608,13 +630,34 @@ fn check_split_keys(path: &Path, metadata: &[(String, Value)], index: usize, cou
     }
 }
 
-/// Reads one file's header, metadata and tensor infos; checks every tensor's extent.
+/// Reads the file of part `index`: [`parse_part`] on its memory map.
 fn read_part(path: &Path, index: usize) -> Result<(Part, Metadata, Vec<TensorInfo>)> {
     let io = |source| GgufError::Io { path: path.to_path_buf(), source };
     let file = File::open(path).map_err(io)?;
     // SAFETY: GGUF input is read-only; it must not change while it is converted.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-    let mut r = Reader { path, buf: &map, pos: 0 };
+    let (header, metadata, tensors) = parse_part(path, index, &map)?;
+    Ok((header.with_map(path, map), metadata, tensors))
+}
+
+/// What a part's header says, before it is paired with its bytes.
+struct PartHeader {
+    version: u32,
+    alignment: u64,
+    data_start: u64,
+}
+
+impl PartHeader {
+    fn with_map(self, path: &Path, map: Mmap) -> Part {
+        let PartHeader { version, alignment, data_start } = self;
+        Part { path: path.to_path_buf(), version, alignment, data_start, map }
+    }
+}
+
+/// Parses the header, metadata and tensor infos of part `index` (the bytes of `path`);
+/// checks every tensor's extent against the bytes.
+fn parse_part(path: &Path, index: usize, map: &[u8]) -> Result<(PartHeader, Metadata, Vec<TensorInfo>)> {
+    let mut r = Reader { path, buf: map, pos: 0 };
     let magic = r.bytes(4, "magic")?;
     if magic != MAGIC {
         return Err(GgufError::Magic { path: path.to_path_buf(), found: magic.to_vec() });
@@ -675,8 +718,7 @@ fn read_part(path: &Path, index: usize) -> Result<(Part, Metadata, Vec<TensorInf
             });
         }
     }
-    let part = Part { path: path.to_path_buf(), version, alignment, data_start, map };
-    Ok((part, metadata, tensors))
+    Ok((PartHeader { version, alignment, data_start }, metadata, tensors))
 }
 
 /// A bounds-checked little-endian cursor over a mapped file.

@@ -139,6 +139,14 @@ pub fn model_config(g: &GgufFile) -> Result<ModelConfig> {
         None => 0,
     };
     let layers = num("block_count")?;
+    // Checked before anything loops over the layers (`validate` checks it again).
+    if layers > smoe_proto::model_config::MAX_LAYERS {
+        bail!(
+            "GGUF {} is {layers}; at most {} layers are supported",
+            key("block_count"),
+            smoe_proto::model_config::MAX_LAYERS
+        );
+    }
     let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
     let mut eos: Vec<u32> = Vec::new();
     for k in ["eos", "eot", "eom"] {

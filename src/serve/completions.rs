@@ -16,13 +16,16 @@ use kameo::error::SendError;
 use serde_json::{json, Value};
 use smoe_actors::generation::GenerateRequest;
 use smoe_actors::scheduler::{Job, Submit, SubmitError};
+use tokenizers::Tokenizer;
 use tokio::sync::mpsc;
 
 use super::admission::Admission;
+use super::chat_template::ChatTemplate;
 use super::drive::{drive, Outcome, Usage};
 use super::error::ApiError;
+use super::prompt_bound::PromptBound;
 use super::request::{parse_body, Endpoint, PromptInput};
-use super::state::AppState;
+use super::state::{AppState, RequestDefaults, ServedModel};
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(
@@ -42,8 +45,35 @@ pub async fn text(
     complete(st, adm, body, Endpoint::Completions).await.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// What checking a request and building its prompt needs.
+pub struct Intake<'a> {
+    /// The served model (id, context, vocabulary).
+    pub model: &'a ServedModel,
+    /// The vault's tokenizer.
+    pub tokenizer: &'a Tokenizer,
+    /// The chat template.
+    pub template: &'a ChatTemplate,
+    /// Request defaults.
+    pub defaults: &'a RequestDefaults,
+    /// Bytes-to-tokens bound of the tokenizer.
+    pub bound: &'a PromptBound,
+}
+
+impl<'a> Intake<'a> {
+    /// The intake of a running server.
+    fn of(st: &'a AppState, adm: &'a Admission) -> Intake<'a> {
+        Intake {
+            model: &st.model,
+            tokenizer: &st.tokenizer,
+            template: &st.template,
+            defaults: &st.defaults,
+            bound: &adm.bound,
+        }
+    }
+}
+
 /// A checked request, ready to run.
-struct Plan {
+pub struct Plan {
     request: GenerateRequest,
     stops: Vec<String>,
     stream: bool,
@@ -60,7 +90,7 @@ async fn complete(
     let body = adm.read_body(body).await?;
     let plan = {
         let (st, work_adm) = (st.clone(), adm.clone());
-        adm.off_runtime(move || plan(&st, &work_adm, &body, endpoint)).await??
+        adm.off_runtime(move || plan(&Intake::of(&st, &work_adm), &body, endpoint)).await??
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let Plan { request, stops, stream, include_usage } = plan;
@@ -94,14 +124,14 @@ async fn complete(
 /// Parses `body` and checks it against the endpoint, the model and the context (by the
 /// prompt's byte length first, then by its tokens), and builds the job. CPU-bound: runs
 /// on the blocking pool.
-fn plan(st: &AppState, adm: &Admission, body: &[u8], endpoint: Endpoint) -> Result<Plan, ApiError> {
+pub fn plan(st: &Intake, body: &[u8], endpoint: Endpoint) -> Result<Plan, ApiError> {
     let b = parse_body(body)?;
     b.check_endpoint(endpoint)?;
     if b.model != st.model.id {
         return Err(ApiError::unknown_model(&b.model, &st.model.id));
     }
     let encode = |text: &str, special: bool| {
-        adm.bound.check(text.len(), st.model.max_context).map_err(ApiError::context_exceeded)?;
+        st.bound.check(text.len(), st.model.max_context).map_err(ApiError::context_exceeded)?;
         st.tokenizer
             .encode(text, special)
             .map(|e| e.get_ids().to_vec())

@@ -60,10 +60,14 @@ pub fn ensure() -> Result<PathBuf> {
     Ok(vault)
 }
 
+/// The demo model's tokenizer (embedded).
+pub fn tokenizer() -> Result<Tokenizer> {
+    Tokenizer::from_bytes(TOKENIZER_JSON).map_err(|e| anyhow!("the demo tokenizer is broken: {e}"))
+}
+
 /// The demo model: the preset, with the tokenizer's vocabulary and end-of-turn tokens.
 fn config() -> Result<ModelConfig> {
-    let tok =
-        Tokenizer::from_bytes(TOKENIZER_JSON).map_err(|e| anyhow!("the demo tokenizer is broken: {e}"))?;
+    let tok = tokenizer()?;
     let mut cfg = synth::preset(PRESET)?;
     cfg.vocab_size = tok.get_vocab_size(true);
     cfg.eos_token_ids = EOS_TOKENS.iter().filter_map(|t| tok.token_to_id(t)).collect();

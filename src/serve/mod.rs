@@ -4,17 +4,17 @@
 
 mod admission;
 mod auth;
-mod chat_template;
-mod completions;
-mod demo;
+pub(crate) mod chat_template;
+pub(crate) mod completions;
+pub(crate) mod demo;
 mod drive;
 mod error;
 mod listener;
 mod metrics;
-mod prompt_bound;
-mod request;
+pub(crate) mod prompt_bound;
+pub(crate) mod request;
 mod routes;
-mod state;
+pub(crate) mod state;
 mod stops;
 
 use std::sync::Arc;

@@ -74,40 +74,19 @@ impl Vault {
     /// ([`Vault::resident_check`]).
     pub fn open(dir: impl AsRef<Path>) -> Result<Vault, VaultError> {
         let dir = dir.as_ref().to_path_buf();
-        let mpath = dir.join(MANIFEST_FILE);
         let manifest = read_manifest(&dir)?;
-        let layer_slot = check_expert_index(&mpath, &dir, &manifest)?;
-
-        let rfile = files::open_member(&dir, &manifest.resident.file, 0)?;
-        let rpath = dir.join(&manifest.resident.file);
-        let actual = rfile.metadata().map(|m| m.len()).unwrap_or(0);
-        if actual != manifest.resident.file_len {
-            return Err(manifest_err(
-                &rpath,
-                format!(
-                    "file is {actual} bytes but the manifest says {}; the vault is truncated or was modified — re-run `smoe-pipeline convert`",
-                    manifest.resident.file_len
-                ),
-            ));
+        let layer_slot = check_manifest(&dir, &manifest)?;
+        for l in &manifest.experts.layers {
+            check_file_len(&dir, &l.file, l.file_len)?;
         }
+        let rfile = check_file_len(&dir, &manifest.resident.file, manifest.resident.file_len)?;
+        let rpath = dir.join(&manifest.resident.file);
         // SAFETY: the vault is treated as immutable while open; the map is read-only.
         let resident = unsafe { Mmap::map(&rfile) }.map_err(|e| VaultError::Io {
             file: rpath.clone(),
             offset: 0,
             source: e,
         })?;
-        for t in &manifest.resident.tensors {
-            let end = t.offset.checked_add(t.len).filter(|&e| e <= actual);
-            if end.is_none() || t.byte_len() != Some(t.len) || t.offset % 64 != 0 {
-                return Err(manifest_err(
-                    &rpath,
-                    format!(
-                        "tensor `{}` entry (offset {}, len {}) does not fit its shape of {} {:?} or the file",
-                        t.name, t.offset, t.len, t.dtype, t.shape
-                    ),
-                ));
-            }
-        }
         let resident = Arc::new(resident);
         let resident_check = ResidentCheck::start(resident.clone(), manifest.resident.tensors.clone(), rpath);
         Ok(Vault { dir, manifest, resident, resident_check, layer_slot })
@@ -184,8 +163,7 @@ impl Vault {
     }
 }
 
-/// Reads and parses the manifest of the vault in `dir`, checking its format version and
-/// model configuration (not the files it names: [`Vault::open`] does that).
+/// Reads and parses the manifest of the vault in `dir` ([`parse_manifest`]).
 pub fn read_manifest(dir: &Path) -> Result<Manifest, VaultError> {
     let mpath = dir.join(MANIFEST_FILE);
     let text = files::read_member(dir, MANIFEST_FILE, files::MAX_METADATA_BYTES).map_err(|e| {
@@ -196,30 +174,61 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, VaultError> {
             ),
         )
     })?;
+    parse_manifest(&text, &mpath)
+}
+
+/// Parses the manifest text read from `mpath`, checking its format version and model
+/// configuration (not the files it names: [`check_manifest`] and [`Vault::open`] do).
+pub fn parse_manifest(text: &[u8], mpath: &Path) -> Result<Manifest, VaultError> {
     let version: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
+        serde_json::from_slice(text).map_err(|e| manifest_err(mpath, format!("not valid JSON: {e}")))?;
     match version.get("format_version").and_then(|v| v.as_u64()) {
         Some(v) if v == FORMAT_VERSION as u64 => {}
         Some(v) => {
-            return Err(VaultError::Version { file: mpath, found: v as u32, expected: FORMAT_VERSION })
+            return Err(VaultError::Version {
+                file: mpath.to_path_buf(),
+                found: u32::try_from(v).unwrap_or(u32::MAX),
+                expected: FORMAT_VERSION,
+            })
         }
-        None => return Err(manifest_err(&mpath, "missing `format_version`")),
+        None => return Err(manifest_err(mpath, "missing `format_version`")),
     }
     let manifest =
-        Manifest::from_json(version).map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
-    manifest.model.validate().map_err(|e| manifest_err(&mpath, format!("model config: {e}")))?;
+        Manifest::from_json(version).map_err(|e| manifest_err(mpath, format!("malformed manifest: {e}")))?;
+    manifest.model.validate().map_err(|e| manifest_err(mpath, format!("model config: {e}")))?;
     Ok(manifest)
 }
 
-/// Checks the expert index against the model and the layer files' sizes; returns the
-/// decoder-layer → index map.
-fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Option<usize>>, VaultError> {
+/// Opens the vault member `name` and checks that it is `len` bytes long, as the
+/// manifest says.
+fn check_file_len(dir: &Path, name: &str, len: u64) -> Result<std::fs::File, VaultError> {
+    let path = dir.join(name);
+    let file = files::open_member(dir, name, 0)?;
+    let actual =
+        file.metadata().map_err(|e| manifest_err(&path, format!("cannot read its size: {e}")))?.len();
+    if actual != len {
+        return Err(manifest_err(
+            &path,
+            format!(
+                "file is {actual} bytes but the manifest says {len}; the vault is truncated or was modified — re-run `smoe-pipeline convert`"
+            ),
+        ));
+    }
+    Ok(file)
+}
+
+/// Checks the manifest of the vault in `dir` for consistency, taking the file sizes it
+/// states as given ([`Vault::open`] compares them with the files): the expert index
+/// against the model, every layout, and where every blob and resident tensor lies.
+/// Returns the decoder-layer → expert-index map.
+pub fn check_manifest(dir: &Path, m: &Manifest) -> Result<Vec<Option<usize>>, VaultError> {
+    let mpath = dir.join(MANIFEST_FILE);
     let cfg = &m.model;
     let moe = cfg.moe_layers();
     let listed: Vec<usize> = m.experts.layers.iter().map(|l| l.layer).collect();
     if listed != moe {
         return Err(manifest_err(
-            mpath,
+            &mpath,
             format!("expert index lists layers {listed:?} but the model's MoE layers are {moe:?}"),
         ));
     }
@@ -230,7 +239,7 @@ fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Opti
         let want = ExpertLayout::new(layout.types(), cfg.hidden_size, cfg.moe_intermediate_size);
         if want.as_ref() != Some(layout) {
             return Err(manifest_err(
-                mpath,
+                &mpath,
                 format!(
                     "the expert layout of layer {} does not match the model's expert shape stored as {}",
                     l.layer,
@@ -238,10 +247,9 @@ fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Opti
                 ),
             ));
         }
-        let path = dir.join(&l.file);
         if l.blobs.len() != cfg.num_experts {
             return Err(manifest_err(
-                mpath,
+                &mpath,
                 format!(
                     "layer {} lists {} blobs, the model has {} experts",
                     l.layer,
@@ -250,29 +258,30 @@ fn check_expert_index(mpath: &Path, dir: &Path, m: &Manifest) -> Result<Vec<Opti
                 ),
             ));
         }
-        let actual = files::open_member(dir, &l.file, 0)?
-            .metadata()
-            .map_err(|e| manifest_err(&path, format!("cannot open expert file: {e}")))?
-            .len();
-        if actual != l.file_len {
-            return Err(manifest_err(
-                &path,
-                format!(
-                    "file is {actual} bytes but the manifest says {}; the vault is truncated or was modified — re-run `smoe-pipeline convert`",
-                    l.file_len
-                ),
-            ));
-        }
         for (e, b) in l.blobs.iter().enumerate() {
-            if b.offset % BLOB_ALIGN != 0 || b.offset + layout.blob_stride > l.file_len {
+            let end = b.offset.checked_add(layout.blob_stride);
+            if b.offset % BLOB_ALIGN != 0 || end.is_none_or(|end| end > l.file_len) {
                 return Err(manifest_err(
-                    &path,
+                    &dir.join(&l.file),
                     format!(
                         "blob of expert {e} at offset {} is misaligned or past the end of the file",
                         b.offset
                     ),
                 ));
             }
+        }
+    }
+    let r = &m.resident;
+    for t in &r.tensors {
+        let end = t.offset.checked_add(t.len).filter(|&e| e <= r.file_len);
+        if end.is_none() || t.byte_len() != Some(t.len) || t.offset % 64 != 0 {
+            return Err(manifest_err(
+                &dir.join(&r.file),
+                format!(
+                    "tensor `{}` entry (offset {}, len {}) does not fit its shape of {} {:?} or the file",
+                    t.name, t.offset, t.len, t.dtype, t.shape
+                ),
+            ));
         }
     }
     Ok(map)
