@@ -4,10 +4,10 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::startup::open_engine;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use smoe_actors::contract::ForwardPass;
-use smoe_actors::executor::Executor;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::sampler::SamplingParams;
 use smoe_proto::stats::SLOT_STATES;
@@ -23,8 +23,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         PrefillMode::Serial => 1,
     };
     let opts = EngineSettings::from(&args.engine).engine_options(&args.vault, 1)?;
-    let (engine, mut fwd) =
-        Executor::open(&args.vault, &opts, args.engine.backend, args.engine.device, rows)?;
+    let (engine, mut fwd) = open_engine(&args.vault, &opts, args.engine.backend, args.engine.device, rows)?;
     let model = Arc::clone(&engine.model);
     let tok = match &args.prompt {
         Some(_) => Some(tokenizer::load(&args.vault)?),
@@ -65,12 +64,19 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let keep_logits = args.logits_out.is_some();
     let mut out = std::io::stdout().lock();
     let mut stream_err = None;
+    // The process's disk reads (/proc/self/io) at the start, at the first token and at
+    // the end: every read, expert blobs and resident pages alike.
+    let io_start = process_read_bytes();
+    let mut io_first = None;
     let (reason, stats) = generate(
         &mut fwd,
         &mut kv,
         &req,
         || false,
         |id, logits| {
+            if ids.is_empty() {
+                io_first = process_read_bytes();
+            }
             ids.push(id);
             if keep_logits {
                 logits_rows.extend_from_slice(logits);
@@ -88,6 +94,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             stream_err.is_none()
         },
     )?;
+    let io_end = process_read_bytes();
     if let Some(e) = stream_err {
         return Err(e);
     }
@@ -131,7 +138,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "decode_tokens": stats.decode_tokens(),
                 "decode_tok_s": stats.decode_tok_s(),
                 "decode_blob_reads": stats.decode_claims.misses,
+                "decode_ring_hits": stats.decode_claims.hits,
                 "decode_bytes_read": stats.decode_claims.bytes,
+                "process_read_bytes_prefill": io_first.zip(io_start).map(|(b, a)| b - a),
+                "process_read_bytes_decode": io_end.zip(io_first).map(|(b, a)| b - a),
                 "spec_depth": args.engine.spec_depth,
                 "bets_issued": ring.bets_issued,
                 "bets_used": ring.bets_used,
@@ -142,6 +152,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "ring_misses": ring.misses,
                 "ring_evictions": ring.evictions,
                 "ring_slots": engine.ring.n_slots(),
+                "ring_bytes": engine.ring.ring_bytes(),
+                "ring_classes": engine.ring.classes().iter().map(|c| json!({
+                    "slot_bytes": c.stride, "slots": c.slots, "layers": c.layers,
+                })).collect::<Vec<_>>(),
                 "slot_states": slot_states,
                 "io": engine.ring.io_mode().name(),
                 "bytes_per_expert": manifest.experts.mean_blob_len(),
@@ -156,6 +170,13 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         writeln!(out, "{}", d.flush()?)?;
     }
     Ok(())
+}
+
+/// Bytes this process has caused to be read from storage (`read_bytes` of
+/// `/proc/self/io`), or `None` where that file is missing.
+fn process_read_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
 }
 
 /// Writes one JSON line per expert claim.

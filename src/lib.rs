@@ -14,6 +14,7 @@ mod quant;
 mod routing_stats;
 mod serve;
 mod settings;
+mod startup;
 mod synth;
 mod tokenizer;
 mod vault_writer;

@@ -146,7 +146,7 @@ pub fn measure(
     let engine = Engine::open(vault, &opts, &HostAllocator)?;
     let bets = Arc::new(BetRecorder { ring: engine.ring.clone(), bets: Mutex::new(Vec::new()) });
     let backend = CpuBackend::new(engine.model.clone(), 1);
-    let mut pass = Pass::new(backend, engine.model.clone(), bets.clone(), 1, engine.ring.n_slots());
+    let mut pass = Pass::new(backend, engine.model.clone(), bets.clone(), 1, engine.ring.layer_slots());
     let k = cfg.num_experts_per_tok;
     pass.set_spec_depth(k);
     pass.enable_trace();

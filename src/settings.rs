@@ -235,7 +235,7 @@ impl EngineSettings {
             );
         }
         tracing::info!("ring sized from the memory available: {plan}");
-        Ok(RingSize::Slots(plan.slots))
+        Ok(RingSize::Bytes(plan.ring_bytes()))
     }
 }
 

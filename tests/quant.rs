@@ -86,27 +86,58 @@ fn every_scheme_runs_and_reports_its_format_mix() {
 }
 
 #[test]
-fn the_same_ring_bytes_hold_more_quantised_experts() {
+fn size_classes_hold_more_quantised_experts_and_never_change_the_arithmetic() {
     let dir = tempfile::tempdir().unwrap();
-    let logits = dir.path().join("l.safetensors");
     let plain = synth(dir.path(), "small", &[]);
     let quant = synth(dir.path(), "small", &["--quant", "q4_k_m"]);
     let budget = 8 * manifest(&plain)["experts"]["layers"][0]["layout"]["blob_stride"].as_u64().unwrap();
-    let b = budget.to_string();
-    let slots = |v: &Path| {
-        let st = generate_json(v, &[1, 2], 1, &logits, &["--ring-bytes", &b])["stats"].clone();
-        assert_eq!(
-            st["ring_slots"].as_u64().unwrap(),
-            budget / st["ring_slot_bytes"].as_u64().unwrap(),
-            "{st}"
-        );
-        st["ring_slots"].as_u64().unwrap()
+    let run = |v: &Path, ring: &[&str], io: &str, tag: &str| {
+        let logits = dir.path().join(format!("{tag}.safetensors"));
+        let mut extra = ring.to_vec();
+        extra.extend(["--io", io]);
+        let out = generate_json(v, &[1, 2, 3], 4, &logits, &extra);
+        (out, std::fs::read(&logits).unwrap())
     };
-    let (p, q) = (slots(&plain), slots(&quant));
-    assert_eq!(p, 8);
-    // Slots hold the largest blob of the vault: Q4_K_M's layers with a Q6_K down_proj.
-    let largest = layer_types(&manifest(&quant)).iter().any(|t| t[2] == "q6_k");
-    assert!(largest && q >= 3 * p, "bf16 {p} slots, q4_k_m {q} slots");
+    let b = budget.to_string();
+    let (p, _) = run(&plain, &["--ring-bytes", &b], "pread", "plain");
+    let (q, reference) = run(&quant, &["--ring-bytes", &b], "pread", "quant");
+    let (p, q) = (&p["stats"], &q["stats"]);
+    assert_eq!(p["ring_slots"], 8, "{p}");
+    assert_eq!(p["ring_classes"].as_array().unwrap().len(), 1, "{p}");
+    // Q4_K_M keeps some layers' down projections in Q6_K: two blob strides, two classes.
+    let classes = q["ring_classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 2, "{q}");
+    let largest = q["ring_slot_bytes"].as_u64().unwrap();
+    let slots = q["ring_slots"].as_u64().unwrap();
+    let summed: u64 = classes.iter().map(|c| c["slots"].as_u64().unwrap()).sum();
+    let bytes: u64 =
+        classes.iter().map(|c| c["slots"].as_u64().unwrap() * c["slot_bytes"].as_u64().unwrap()).sum();
+    assert_eq!(summed, slots);
+    assert_eq!(bytes, q["ring_bytes"].as_u64().unwrap());
+    assert!(bytes <= budget, "{q}");
+    // More experts than slots of the largest blob alone would hold, and over 3× bf16.
+    assert!(slots > budget / largest && slots >= 3 * 8, "{q}");
+    // The arithmetic never depends on the ring: the smallest ring (one slot per class),
+    // two in between and one holding everything, on both I/O paths.
+    let one_each: u64 = classes.iter().map(|c| c["slot_bytes"].as_u64().unwrap()).sum();
+    for ring in [one_each, 3 * one_each, budget / 2, 1 << 40] {
+        for io in ["pread", "io-uring"] {
+            let r = ring.to_string();
+            let (_, logits) = run(&quant, &["--ring-bytes", &r], io, &format!("q-{ring}-{io}"));
+            assert!(logits == reference, "logits differ with a ring of {ring} bytes via {io}");
+        }
+    }
+    // One slot cannot serve two size classes: a clear error, not a hang.
+    let out = run_err(&[
+        "generate",
+        "--vault",
+        quant.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--ring-slots",
+        "1",
+    ]);
+    assert!(out.contains("2 slot sizes") && out.contains("ring_slots"), "{out}");
 }
 
 #[test]

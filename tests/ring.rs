@@ -298,3 +298,51 @@ fn checksum_mismatch_fails_the_request_and_a_repaired_blob_is_read_again() {
         assert_eq!(ids, expected);
     }
 }
+
+#[test]
+fn phase_counters_cover_exactly_their_steps() {
+    // Token-serial prefill claims the same experts per step as decode (top-k per MoE
+    // layer), so each phase's claims divided by its steps must be that per-step count:
+    // prefill covers every prompt token (the last one's step is in ttft), decode exactly
+    // the tokens after the first.
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(vault.join("manifest.json")).unwrap()).unwrap();
+    let top_k = manifest["model"]["num_experts_per_tok"].as_u64().unwrap();
+    let moe_layers = manifest["experts"]["layers"].as_array().unwrap().len() as u64;
+    let per_step = top_k * moe_layers;
+    let prompt = [3u32, 14, 15, 92, 65, 35];
+    let n = 5;
+    let out = generate_json(
+        &vault,
+        &prompt,
+        n,
+        &dir.path().join("logits.safetensors"),
+        &["--prefill", "serial", "--ring-slots", "2"],
+    );
+    let s = &out["stats"];
+    let claims = |phase: &str| {
+        s[format!("{phase}_blob_reads")].as_u64().unwrap() + s[format!("{phase}_ring_hits")].as_u64().unwrap()
+    };
+    assert_eq!(s["decode_tokens"].as_u64().unwrap(), n as u64 - 1);
+    assert_eq!(claims("prefill"), prompt.len() as u64 * per_step, "prefill claims: {s}");
+    assert_eq!(claims("decode"), (n as u64 - 1) * per_step, "decode claims: {s}");
+}
+
+#[test]
+fn start_up_touches_no_ring_memory() {
+    // Registering every slot as an io_uring fixed buffer at start-up faulted in and
+    // pinned the whole ring (seconds per GiB before the first request); slots are now
+    // registered and faulted in on their first read.
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    for (name, io) in IO_PATHS {
+        let engine = open(&vault, 10_000, io, None);
+        assert_eq!(engine.ring.resident_bytes(), 0, "{name}: ring memory resident right after start-up");
+        greedy(&engine, &[3, 14, 15], 2).unwrap();
+        let used = engine.ring.resident_bytes();
+        let slot = engine.vault.max_blob_stride();
+        assert!(used >= slot, "{name}: {used} bytes resident after reading experts of {slot} bytes");
+    }
+}

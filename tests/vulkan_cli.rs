@@ -78,3 +78,26 @@ fn quantised_vault_generates_on_vulkan_as_on_cpu() {
     let max = vk.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(max <= 1e-4, "max |Vulkan - CPU| {max}");
 }
+
+#[test]
+fn a_ring_of_size_classes_runs_on_vulkan_as_on_cpu() {
+    // Q4_K_M stores some layers' down projections in Q6_K: two blob strides, so two slot
+    // size classes, each its own host-visible buffer; a small ring makes every layer evict
+    // within its class.
+    let dir = tempfile::tempdir().unwrap();
+    let vault = dir.path().join("q4km.vault");
+    let v = vault.to_str().unwrap();
+    run_ok(&["synth", "--out", v, "--preset", "small", "--seed", "5", "--quant", "q4_k_m"]);
+    let run = |backend: &str| {
+        let lpath = dir.path().join(format!("{backend}.safetensors"));
+        let out =
+            generate_json(&vault, &[1, 2, 3, 4], 4, &lpath, &["--backend", backend, "--ring-slots", "6"]);
+        assert_eq!(out["stats"]["ring_classes"].as_array().unwrap().len(), 2, "{out}");
+        (id_list(&out["token_ids"]), read_f32(&lpath, "logits").1)
+    };
+    let (cpu_ids, cpu) = run("cpu");
+    let (vk_ids, vk) = run("vulkan");
+    assert_eq!(vk_ids, cpu_ids);
+    let max = vk.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(max <= 1e-4, "max |Vulkan - CPU| {max}");
+}

@@ -12,15 +12,7 @@ use crate::ring::{RingCache, RingError, RingOptions};
 use crate::streamer::StreamerOptions;
 use crate::vault::Vault;
 
-/// How big the ring is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RingSize {
-    /// A number of slots.
-    Slots(usize),
-    /// A byte budget, divided by the slot size: the largest blob stride of the vault
-    /// (quantised experts are smaller, so the same budget holds more of them).
-    Bytes(u64),
-}
+pub use crate::ring::RingSize;
 
 /// Default ring budget when none is configured.
 pub const DEFAULT_RING_BYTES: u64 = 4 << 30;
@@ -76,14 +68,10 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let vault = Arc::new(Vault::open(dir)?);
         let model = Arc::new(Model::load(vault.clone(), opts.max_context)?);
-        let slots = match opts.ring {
-            RingSize::Slots(n) => n,
-            RingSize::Bytes(b) => (b / vault.max_blob_stride().max(1)) as usize,
-        };
         let ring = Arc::new(RingCache::new(
             vault.clone(),
             allocator,
-            &RingOptions { slots, streamer: opts.streamer.clone() },
+            &RingOptions { size: opts.ring, streamer: opts.streamer.clone() },
         )?);
         Ok(Engine { vault, model, ring })
     }

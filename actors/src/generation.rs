@@ -69,28 +69,30 @@ pub fn generate<P: ForwardPass>(
         stats.prefill_unions.push(moe_layers.iter().map(|&l| sizes[l]).collect());
     }
     stats.prefill_time = start.elapsed();
-    let decode_start = fwd.tally();
-    stats.prefill_claims = decode_start.since(&before);
     if stopped {
+        stats.prefill_claims = fwd.tally().since(&before);
         stats.prefill_tokens = kv.len() - cached;
         return Ok((FinishReason::Stopped, stats));
     }
     fwd.set_spec_depth(req.spec_depth);
     let mut next = *last;
-    let mut first_at = None;
+    // When the first token was sampled, and the claims up to then.
+    let mut first = None;
     let reason = loop {
         if stats.generated_tokens == req.max_tokens {
             break FinishReason::Length;
         }
         let logits = fwd.forward(kv, &[next], true)?.expect("logits requested");
         let tok = sampler.sample(logits, &history);
+        let sampled_at = Instant::now();
+        let wanted = on_token(tok, logits);
         stats.generated_tokens += 1;
-        if first_at.is_none() {
-            first_at = Some(Instant::now());
-            stats.ttft = start.elapsed();
+        if first.is_none() {
+            stats.ttft = sampled_at - start;
+            first = Some((sampled_at, fwd.tally()));
         }
         history.push(tok);
-        if !on_token(tok, logits) {
+        if !wanted {
             break FinishReason::Stopped;
         }
         if !req.ignore_eos && eos.contains(&tok) {
@@ -99,7 +101,14 @@ pub fn generate<P: ForwardPass>(
         next = tok;
     };
     fwd.set_spec_depth(0);
-    stats.decode_time = first_at.map(|t| t.elapsed()).unwrap_or_default();
-    stats.decode_claims = fwd.tally().since(&decode_start);
+    let end = fwd.tally();
+    match &first {
+        Some((at, tally)) => {
+            stats.decode_time = at.elapsed();
+            stats.prefill_claims = tally.since(&before);
+            stats.decode_claims = end.since(tally);
+        }
+        None => stats.prefill_claims = end.since(&before),
+    }
     Ok((reason, stats))
 }

@@ -29,9 +29,12 @@ pub struct GenerateStats {
     pub prefill_time: Duration,
     /// Time spent after the first token.
     pub decode_time: Duration,
-    /// Expert claims during prefill (all prompt tokens but the last).
+    /// Expert claims up to the first token: every prompt token, the last one's step
+    /// included, so exactly the steps timed by `ttft` (the chunks run before a stop when
+    /// prefill was cancelled).
     pub prefill_claims: ClaimTally,
-    /// Expert claims from the last prompt token on.
+    /// Expert claims after the first token: exactly the [`Self::decode_tokens`] steps
+    /// timed by `decode_time`.
     pub decode_claims: ClaimTally,
     /// For each prefill chunk, the union size of every MoE layer (in layer order).
     pub prefill_unions: Vec<Vec<usize>>,

@@ -69,6 +69,14 @@ pub const VAULT_BYTES: &str = "smoe_vault_bytes";
 pub const EXPERT_BYTES: &str = "smoe_expert_bytes";
 /// Gauge: bytes of one ring slot (the largest blob stride of the vault).
 pub const RING_SLOT_BYTES: &str = "smoe_ring_slot_bytes";
+/// Gauge: bytes of ring slot memory over every size class.
+pub const RING_BYTES: &str = "smoe_ring_bytes";
+/// Gauge: ring slots per size class (one class per distinct blob stride of the vault);
+/// label [`LABEL_SLOT_BYTES`].
+pub const RING_CLASS_SLOTS: &str = "smoe_ring_class_slots";
+/// Gauge: bytes of ring slot memory resident in RAM (slots are faulted in and pinned on
+/// their first read, not at start-up).
+pub const RING_RESIDENT_BYTES: &str = "smoe_ring_resident_bytes";
 
 // HTTP daemon.
 
@@ -85,6 +93,8 @@ pub const LABEL_QUEUE: &str = "queue";
 pub const LABEL_DTYPE: &str = "dtype";
 /// Label of [`VAULT_TENSORS`] and [`VAULT_BYTES`]: one of [`VAULT_KINDS`].
 pub const LABEL_KIND: &str = "kind";
+/// Label of [`RING_CLASS_SLOTS`]: bytes of one slot of the class.
+pub const LABEL_SLOT_BYTES: &str = "slot_bytes";
 /// Values of [`LABEL_KIND`]: resident tensors, expert matrices.
 pub const VAULT_KINDS: [&str; 2] = ["resident", "experts"];
 /// Label of [`REQUESTS`]: the route (`/v1/...`, or `unmatched`).

@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use smoe_actors::ring::RingCache;
 use smoe_proto::metric_names::*;
 use smoe_proto::stats::{IO_QUEUES, SLOT_STATES};
 use smoe_proto::Manifest;
@@ -99,7 +100,7 @@ pub fn install() -> Result<PrometheusHandle> {
 
 /// Publishes what the served vault stores: tensors and bytes per element type (resident
 /// tensors and expert matrices), the bytes of one expert read and of one ring slot.
-pub fn publish_vault(manifest: &Manifest, slot_bytes: u64) {
+pub fn publish_vault(manifest: &Manifest, ring: &RingCache) {
     metrics::describe_gauge!(
         VAULT_TENSORS,
         "Tensors the vault stores, by element type and kind (resident, experts)"
@@ -125,7 +126,16 @@ pub fn publish_vault(manifest: &Manifest, slot_bytes: u64) {
         Unit::Bytes,
         "Bytes of one ring slot (the largest blob stride)"
     );
-    metrics::gauge!(RING_SLOT_BYTES).set(slot_bytes as f64);
+    metrics::gauge!(RING_SLOT_BYTES).set(manifest.experts.max_blob_stride() as f64);
+    metrics::describe_gauge!(RING_BYTES, Unit::Bytes, "Bytes of ring slot memory over every size class");
+    metrics::gauge!(RING_BYTES).set(ring.ring_bytes() as f64);
+    metrics::describe_gauge!(
+        RING_CLASS_SLOTS,
+        "Ring slots per size class (one class per blob stride of the vault), by slot size in bytes"
+    );
+    for c in ring.classes() {
+        metrics::gauge!(RING_CLASS_SLOTS, LABEL_SLOT_BYTES => c.stride.to_string()).set(c.slots as f64);
+    }
 }
 
 /// `GET /metrics`: renders every metric.

@@ -20,9 +20,9 @@ mod stops;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::startup::open_engine;
 use anyhow::{Context, Result};
 use kameo::actor::Spawn;
-use smoe_actors::executor::Executor;
 use smoe_actors::ring::budget::kv_cache_bytes;
 use smoe_actors::scheduler::{CancelAll, Drain, Scheduler, SchedulerOptions};
 use smoe_proto::human_bytes;
@@ -74,7 +74,7 @@ async fn serve(config: Config) -> Result<()> {
     if demo {
         tracing::warn!("no vault configured: serving the built-in {}", demo::LABEL);
     }
-    let (engine, executor) = Executor::open(
+    let (engine, executor) = open_engine(
         &vault,
         &config.engine_options(&vault)?,
         config.backend_kind()?,
@@ -90,8 +90,13 @@ async fn serve(config: Config) -> Result<()> {
         );
     }
     let manifest = engine.vault.manifest();
-    let slot_bytes = engine.vault.max_blob_stride();
-    metrics::publish_vault(manifest, slot_bytes);
+    metrics::publish_vault(manifest, &engine.ring);
+    let ring_classes: Vec<String> = engine
+        .ring
+        .classes()
+        .iter()
+        .map(|c| format!("{} slots of {}", c.slots, human_bytes(c.stride as u64)))
+        .collect();
     let tok = tokenizer::load(&vault).context("serve needs the vault's tokenizer")?;
     let admission = Arc::new(admission::Admission::new(
         config.max_body_bytes,
@@ -103,7 +108,7 @@ async fn serve(config: Config) -> Result<()> {
     let cfg = &engine.model.cfg;
     tracing::info!(
         "vault {}: {} layers, {} experts ({} per token, {} per read), vocabulary {}, backend {} (device {}), \
-         ring {} slots of {}, io {}, max_context {}, chunk_size {}, spec_depth {}; chat template: {}; weights: {}",
+         ring {} ({}), io {}, max_context {}, chunk_size {}, spec_depth {}; chat template: {}; weights: {}",
         vault.display(),
         cfg.num_hidden_layers,
         cfg.num_experts,
@@ -112,8 +117,8 @@ async fn serve(config: Config) -> Result<()> {
         cfg.vocab_size,
         config.backend,
         config.device,
-        engine.ring.n_slots(),
-        human_bytes(slot_bytes),
+        human_bytes(engine.ring.ring_bytes()),
+        ring_classes.join(" + "),
         engine.ring.io_mode().name(),
         engine.model.max_context,
         config.chunk_size,

@@ -11,6 +11,7 @@
 //! in f64, then rounded to f32 and truncated).
 
 use half::f16;
+use rayon::prelude::*;
 use smoe_proto::ggml::{GgmlType, QK_K};
 use smoe_proto::DType;
 
@@ -41,7 +42,8 @@ pub fn quantize_row(ty: GgmlType, row: &[f32], out: &mut Vec<u8>) -> Result<(), 
 
 /// Appends `vals` — whole rows of `cols` values — stored as `to`: f32 as is, bf16 and
 /// f16 rounded to nearest even, a block format quantised row by row with
-/// [`quantize_row`] (what the vault writer stores and the benchmarks measure).
+/// [`quantize_row`] (what the vault writer stores and the benchmarks measure), rows on
+/// every core.
 pub fn encode_rows(vals: &[f32], cols: usize, to: DType, out: &mut Vec<u8>) -> Result<(), QuantError> {
     match to {
         DType::F32 => vals.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
@@ -50,9 +52,24 @@ pub fn encode_rows(vals: &[f32], cols: usize, to: DType, out: &mut Vec<u8>) -> R
         }
         DType::F16 => vals.iter().for_each(|v| push_f16(out, *v)),
         _ => {
-            for row in vals.chunks(cols.max(1)) {
-                quantize_row(to.ggml(), row, out)?;
+            // Rows are independent: quantised in parallel, each into its own place, so the
+            // bytes are those of a row-by-row pass.
+            let (ty, cols) = (to.ggml(), cols.max(1));
+            let row_bytes = ty.row_bytes(cols).ok_or(QuantError::Blocks { ty, cols })?;
+            if !vals.len().is_multiple_of(cols) {
+                return Err(QuantError::Blocks { ty, cols: vals.len() % cols });
             }
+            let start = out.len();
+            out.resize(start + vals.len() / cols * row_bytes, 0);
+            out[start..].par_chunks_mut(row_bytes).zip(vals.par_chunks(cols)).try_for_each_init(
+                || Vec::with_capacity(row_bytes),
+                |buf, (dst, row)| {
+                    buf.clear();
+                    quantize_row(ty, row, buf)?;
+                    dst.copy_from_slice(buf);
+                    Ok(())
+                },
+            )?;
         }
     }
     Ok(())
@@ -366,6 +383,26 @@ mod tests {
 
     const TYPES: [GgmlType; 5] =
         [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+
+    #[test]
+    fn rows_quantised_in_parallel_are_the_row_by_row_bytes() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let (rows, cols) = (37, 512);
+        let vals: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        for ty in TYPES {
+            let dtype = DType::from_ggml(ty).unwrap();
+            let mut serial = Vec::new();
+            for row in vals.chunks(cols) {
+                quantize_row(ty, row, &mut serial).unwrap();
+            }
+            let mut parallel = vec![7u8; 3];
+            encode_rows(&vals, cols, dtype, &mut parallel).unwrap();
+            assert_eq!(&parallel[..3], &[7, 7, 7], "{ty}: bytes before are kept");
+            assert!(parallel[3..] == serial[..], "{ty}");
+            let err = encode_rows(&vals[..cols + 256], cols, dtype, &mut parallel).unwrap_err();
+            assert!(matches!(err, QuantError::Blocks { cols: 256, .. }), "{ty}: a partial row: {err}");
+        }
+    }
 
     fn fixture(name: &str) -> Vec<u8> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/quant_blocks");

@@ -62,7 +62,7 @@ pub type CpuPass = Pass<CpuBackend>;
 /// A CPU pass over `engine`'s model and ring for blocks of up to `max_rows` tokens.
 pub fn cpu_pass(engine: &Engine, max_rows: usize) -> CpuPass {
     let backend = CpuBackend::new(engine.model.clone(), max_rows);
-    Pass::new(backend, engine.model.clone(), engine.ring.clone(), max_rows, engine.ring.n_slots())
+    Pass::new(backend, engine.model.clone(), engine.ring.clone(), max_rows, engine.ring.layer_slots())
 }
 
 /// A forward pass on the chosen backend.

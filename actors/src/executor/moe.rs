@@ -25,8 +25,9 @@ pub struct MoeStep {
 /// accounting.
 struct Claims {
     experts: Arc<dyn ExpertSource>,
-    /// Most blobs held at once (the ring's slot count: holding more would wait forever).
-    hold_limit: usize,
+    /// Per decoder layer, the most blobs held at once (the slots the ring has for the
+    /// layer's experts: holding more would wait forever).
+    hold_limits: Vec<usize>,
     /// Claimed blobs the backend may still read, from union position `held_from` on.
     handles: Vec<ExpertHandle>,
     held_from: usize,
@@ -36,12 +37,12 @@ struct Claims {
 
 impl MoeStep {
     /// The step for blocks of up to `max_rows` tokens of `model`, claiming from
-    /// `experts`, which can hand out `hold_limit` blobs at once.
+    /// `experts`, which can hand out `hold_limits[layer]` blobs of a layer at once.
     pub fn new(
         model: &Arc<Model>,
         experts: Arc<dyn ExpertSource>,
         max_rows: usize,
-        hold_limit: usize,
+        hold_limits: Vec<usize>,
     ) -> Self {
         let c = &model.cfg;
         let job =
@@ -50,7 +51,7 @@ impl MoeStep {
             router: Router::spawn(Arc::clone(model), Arc::clone(&experts), job),
             claims: Claims {
                 experts,
-                hold_limit: hold_limit.max(1),
+                hold_limits,
                 handles: Vec::with_capacity(c.num_experts),
                 held_from: 0,
                 tally: ClaimTally::default(),
@@ -155,7 +156,7 @@ impl Claims {
         // First union position not yet handed to the backend.
         let mut first = 0;
         for ui in 0..n {
-            if ui >= announced && self.handles.len() >= self.hold_limit {
+            if ui >= announced && self.handles.len() >= self.hold_limits.get(l).copied().unwrap_or(1).max(1) {
                 // A wave: the ring could not take another claim while all our handles
                 // are alive, so the batch so far runs to completion and they go first.
                 b.experts(l, job, first, &self.handles[first - self.held_from..], Flush::Wait)?;

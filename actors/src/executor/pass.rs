@@ -19,16 +19,16 @@ pub struct Pass<B: Backend> {
 
 impl<B: Backend> Pass<B> {
     /// A pass over `backend` (sized for `max_rows` tokens) taking experts from
-    /// `experts`, which hands out at most `hold_limit` blobs at once.
+    /// `experts`, which hands out at most `hold_limits[layer]` blobs of a layer at once.
     pub fn new(
         backend: B,
         model: Arc<Model>,
         experts: Arc<dyn ExpertSource>,
         max_rows: usize,
-        hold_limit: usize,
+        hold_limits: Vec<usize>,
     ) -> Self {
         let max_rows = max_rows.max(1);
-        let moe = MoeStep::new(&model, experts, max_rows, hold_limit);
+        let moe = MoeStep::new(&model, experts, max_rows, hold_limits);
         Pass { backend, moe, model, max_rows }
     }
 

@@ -1,6 +1,8 @@
 //! The ring cache: a fixed set of aligned slots, allocated once, that hold expert blobs
 //! read by the streamer and retained until LRU eviction.
 //!
+//! * Slots come in size classes, one per blob stride of the vault ([`classes`]): a
+//!   layer's experts take slots of its class only, and eviction picks within the class.
 //! * Claims that find their expert resident take a reference without any lock: a
 //!   (layer, expert) → slot table of atomics, then a compare-exchange on the slot's
 //!   reference count, then a check that the slot still has that identity.
@@ -13,10 +15,12 @@
 //!   never be stale, across tokens, requests and sessions.
 
 pub mod budget;
+pub mod classes;
 pub mod memory;
 mod publish;
 pub mod slots;
 
+pub use classes::{RingSize, SlotClass};
 pub use publish::GaugePublisher;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -54,12 +58,29 @@ struct Counters {
     read_errors: AtomicU64,
 }
 
+/// The slots of one size class: their memory and where they start in the slot table.
+struct ClassSlots {
+    arena: Box<dyn SlotArena>,
+    first: u32,
+    plan: SlotClass,
+}
+
+impl ClassSlots {
+    fn range(&self) -> std::ops::Range<usize> {
+        self.first as usize..self.first as usize + self.arena.n_slots()
+    }
+}
+
 /// Ring state shared by claimers and the streamer.
 struct Shared {
     slots: Vec<Slot>,
     lookup: Vec<AtomicU32>,
     n_experts: usize,
-    arena: Box<dyn SlotArena>,
+    classes: Vec<ClassSlots>,
+    /// The size class of each slot.
+    slot_class: Vec<u8>,
+    /// The size class of each decoder layer's experts (0 for layers without experts).
+    layer_class: Vec<u8>,
     /// Payload bytes of one blob, per decoder layer (0 for layers without experts).
     blob_len: Vec<usize>,
     clock: AtomicU64,
@@ -111,13 +132,22 @@ impl Shared {
         self.done_cv.notify_all();
     }
 
-    /// Under the allocation lock: an EMPTY idle slot, else the least recently used idle
-    /// READY/CONSUMED slot, marked RECYCLING. `None` when every slot is referenced or
-    /// loading.
-    fn pick_victim(&self, _guard: &MutexGuard<'_, ()>) -> Option<u32> {
+    /// The slot memory of `slot`: its class's arena at the slot's place in it.
+    fn slot_mem(&self, slot: u32) -> (*mut u8, usize) {
+        let c = &self.classes[self.slot_class[slot as usize] as usize];
+        let bytes = c.arena.slot_bytes();
+        // SAFETY: `slot` lies in the class's range, so the offset is inside its arena.
+        (unsafe { c.arena.base().add((slot - c.first) as usize * bytes) }, bytes)
+    }
+
+    /// Under the allocation lock: among the slots of `key`'s size class, an EMPTY idle
+    /// slot, else the least recently used idle READY/CONSUMED slot, marked RECYCLING.
+    /// `None` when every slot of the class is referenced or loading.
+    fn pick_victim(&self, _guard: &MutexGuard<'_, ()>, key: ExpertKey) -> Option<u32> {
+        let range = self.classes[self.layer_class[key.layer as usize] as usize].range();
         loop {
             let mut best: Option<(u64, u32)> = None;
-            for (i, s) in self.slots.iter().enumerate() {
+            for (i, s) in self.slots.iter().enumerate().skip(range.start).take(range.len()) {
                 if s.refs.load(Ordering::Acquire) != 0 {
                     continue;
                 }
@@ -195,14 +225,10 @@ impl Shared {
 
 impl SlotOwner for Shared {
     fn slot_bytes(&self, slot: u32) -> &[u8] {
+        let (ptr, len) = self.slot_mem(slot);
         // SAFETY: the caller holds a reference, so the slot is READY/CONSUMED and no
         // read writes into it; the arena outlives every handle (handles hold `Shared`).
-        unsafe {
-            std::slice::from_raw_parts(
-                self.arena.base().add(slot as usize * self.arena.slot_bytes()),
-                self.arena.slot_bytes(),
-            )
-        }
+        unsafe { std::slice::from_raw_parts(ptr, len) }
     }
 
     fn release(&self, slot: u32) {
@@ -212,12 +238,15 @@ impl SlotOwner for Shared {
 
 impl LoadSink for Shared {
     fn slot_ptr(&self, slot: u32) -> *mut u8 {
-        // SAFETY: in bounds of the arena.
-        unsafe { self.arena.base().add(slot as usize * self.arena.slot_bytes()) }
+        self.slot_mem(slot).0
     }
 
-    fn geometry(&self) -> (usize, usize) {
-        (self.arena.n_slots(), self.arena.slot_bytes())
+    fn slot_len(&self, slot: u32) -> usize {
+        self.slot_mem(slot).1
+    }
+
+    fn n_slots(&self) -> usize {
+        self.slots.len()
     }
 
     fn complete(&self, req: ReadRequest, result: Result<(), VaultError>, latency: Duration) {
@@ -257,9 +286,10 @@ impl LoadSink for Shared {
 /// Ring cache settings.
 #[derive(Clone, Debug)]
 pub struct RingOptions {
-    /// Number of slots: at least 1 ([`RingError::NoSlots`] otherwise), at most all
-    /// experts of the vault (more would never be used).
-    pub slots: usize,
+    /// The ring's size, split over the vault's slot size classes: at least one slot per
+    /// class ([`RingError::NoSlots`] otherwise), at most all experts of the vault (more
+    /// would never be used).
+    pub size: RingSize,
     /// Streamer settings.
     pub streamer: StreamerOptions,
 }
@@ -277,18 +307,33 @@ pub enum RingError {
         /// The allocator's error.
         source: std::io::Error,
     },
-    /// The ring size gives no slot (a byte budget below one expert blob).
-    #[error(
-        "the ring must hold at least one expert, and one slot takes {bytes} bytes: set `ring_bytes` \
-         (--ring-bytes) to at least that, or `ring_slots` (--ring-slots) to at least 1"
-    )]
+    /// The ring size leaves a size class without a slot (a byte budget below one expert
+    /// blob of each class, or fewer slots than classes).
+    #[error("{}", no_slots_message(*bytes, *classes))]
     NoSlots {
-        /// Bytes per slot (the blob stride).
+        /// Bytes of one slot of every class together.
         bytes: usize,
+        /// Number of size classes (distinct blob strides).
+        classes: usize,
     },
     /// The streamer could not start.
     #[error(transparent)]
     Streamer(#[from] StreamerError),
+}
+
+fn no_slots_message(bytes: usize, classes: usize) -> String {
+    if classes == 1 {
+        format!(
+            "the ring must hold at least one expert, and one slot takes {bytes} bytes: set `ring_bytes` \
+             (--ring-bytes) to at least that, or `ring_slots` (--ring-slots) to at least 1"
+        )
+    } else {
+        format!(
+            "the ring must hold at least one expert of each of the vault's {classes} slot sizes (one per blob \
+             size), which takes {bytes} bytes: set `ring_bytes` (--ring-bytes) to at least that, or \
+             `ring_slots` (--ring-slots) to at least {classes}"
+        )
+    }
 }
 
 /// The ring cache: an [`ExpertSource`] that retains experts in a fixed set of slots
@@ -307,23 +352,33 @@ impl RingCache {
         opts: &RingOptions,
     ) -> Result<RingCache, RingError> {
         let cfg = &vault.manifest().model;
-        let total = vault.manifest().experts.layers.len() * cfg.num_experts;
-        let bytes = vault.max_blob_stride() as usize;
-        if opts.slots == 0 {
-            return Err(RingError::NoSlots { bytes });
-        }
-        let n = opts.slots.min(total.max(1));
+        let plan = classes::plan_for(vault.manifest(), opts.size)?;
         let mut blob_len = vec![0; cfg.num_hidden_layers];
         for l in &vault.manifest().experts.layers {
             blob_len[l.layer] = l.layout.blob_len as usize;
         }
-        let arena =
-            allocator.allocate(n, bytes).map_err(|source| RingError::Alloc { slots: n, bytes, source })?;
+        let (mut class_slots, mut slot_class, mut layer_class) =
+            (Vec::new(), Vec::new(), vec![0u8; cfg.num_hidden_layers]);
+        for (ci, c) in plan.into_iter().enumerate() {
+            let arena = allocator.allocate(c.slots, c.stride).map_err(|source| RingError::Alloc {
+                slots: c.slots,
+                bytes: c.stride,
+                source,
+            })?;
+            for &l in &c.layers {
+                layer_class[l] = ci as u8;
+            }
+            slot_class.extend(std::iter::repeat_n(ci as u8, c.slots));
+            class_slots.push(ClassSlots { arena, first: (slot_class.len() - c.slots) as u32, plan: c });
+        }
+        let n = slot_class.len();
         let shared = Arc::new(Shared {
             slots: (0..n).map(|_| Slot::new()).collect(),
             lookup: (0..cfg.num_hidden_layers * cfg.num_experts).map(|_| AtomicU32::new(NO_SLOT)).collect(),
             n_experts: cfg.num_experts,
-            arena,
+            classes: class_slots,
+            slot_class,
+            layer_class,
             blob_len,
             clock: AtomicU64::new(0),
             alloc: Mutex::new(()),
@@ -333,13 +388,53 @@ impl RingCache {
             c: Counters::default(),
         });
         let streamer = Streamer::start(vault, shared.clone(), &opts.streamer)?;
-        tracing::info!("ring: {n} slots × {bytes} bytes, I/O via {}", streamer.mode().name());
+        let summary: Vec<String> = shared
+            .classes
+            .iter()
+            .map(|c| format!("{} slots × {} bytes", c.plan.slots, c.plan.stride))
+            .collect();
+        tracing::info!("ring: {}, I/O via {}", summary.join(" + "), streamer.mode().name());
         Ok(RingCache { streamer, shared })
+    }
+
+    /// The size classes: slot size, layers served and slots of each, largest slot first.
+    pub fn classes(&self) -> Vec<SlotClass> {
+        self.shared.classes.iter().map(|c| c.plan.clone()).collect()
+    }
+
+    /// Bytes of slot memory over every class.
+    pub fn ring_bytes(&self) -> u64 {
+        self.shared.classes.iter().map(|c| (c.plan.slots * c.plan.stride) as u64).sum()
+    }
+
+    /// For each decoder layer, the slots its experts can use (its class's slots; 0 for
+    /// layers without experts): a MoE step never holds more of a layer's blobs at once.
+    pub fn layer_slots(&self) -> Vec<usize> {
+        let sh = &self.shared;
+        let mut out = vec![0; sh.layer_class.len()];
+        for c in &sh.classes {
+            for &l in &c.plan.layers {
+                out[l] = c.plan.slots;
+            }
+        }
+        out
     }
 
     /// Number of slots.
     pub fn n_slots(&self) -> usize {
         self.shared.slots.len()
+    }
+
+    /// Bytes of slot memory resident in RAM now: slots are faulted in (and, on the
+    /// io_uring path, registered) on their first read, so this grows from 0 at start-up
+    /// to the whole ring as slots are used. 0 where the kernel cannot tell (e.g. a GPU
+    /// driver's mapping).
+    pub fn resident_bytes(&self) -> u64 {
+        let classes = &self.shared.classes;
+        classes
+            .iter()
+            .map(|c| memory::resident_bytes(c.arena.base(), c.arena.n_slots() * c.arena.slot_bytes()))
+            .sum()
     }
 
     /// The I/O path in use.
@@ -371,8 +466,8 @@ impl RingCache {
         }
     }
 
-    /// Checks the ring's structural invariants: every identified slot is the one its
-    /// key maps to, no key maps to a slot with another identity (so no expert is in two
+    /// Checks the ring's structural invariants: every identified slot is of its expert's
+    /// size class and is the one its key maps to, no key maps to a slot with another identity (so no expert is in two
     /// slots and no slot has two identities), and, when `idle` (no handle or
     /// announcement alive), no references are held (reads may still be in flight).
     /// Returns a description of the first violation.
@@ -390,6 +485,12 @@ impl RingCache {
                     ));
                 }
                 continue;
+            }
+            if sh.layer_class[unpack(key).layer as usize] != sh.slot_class[i] {
+                return Err(format!(
+                    "slot {i} holds {}, whose blobs belong to another size class",
+                    unpack(key)
+                ));
             }
             let mapped = sh.lookup[sh.index(unpack(key))].load(Ordering::Acquire);
             if mapped != i as u32 {
@@ -427,7 +528,7 @@ impl RingCache {
         if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
             return false;
         }
-        let Some(idx) = sh.pick_victim(&g) else { return false };
+        let Some(idx) = sh.pick_victim(&g, key) else { return false };
         sh.assign(&g, idx, key, 0, ORIGIN_BET);
         drop(g);
         sh.c.bets_issued.fetch_add(1, Ordering::Relaxed);
@@ -452,7 +553,7 @@ impl RingCache {
             if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
                 continue; // raced with another loader: take a reference to its slot
             }
-            if let Some(idx) = sh.pick_victim(&g) {
+            if let Some(idx) = sh.pick_victim(&g, key) {
                 sh.assign(&g, idx, key, 1, ORIGIN_DEMAND);
                 drop(g);
                 self.streamer.submit(ReadRequest { slot: idx, key, priority: Priority::Demand });

@@ -1,5 +1,6 @@
 //! Publishing the ring's levels: a thread takes a [`RingSnapshot`] every period and sets
-//! the gauges that show slots per state and reads waiting per queue. (Counters need no
+//! the gauges that show slots per state, reads waiting per queue and the slot memory
+//! resident in RAM. (Counters need no
 //! publishing: the ring counts them where they happen.)
 
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -7,7 +8,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use smoe_proto::metric_names::{IO_QUEUE_DEPTH, LABEL_QUEUE, LABEL_STATE, RING_SLOTS};
+use smoe_proto::metric_names::{IO_QUEUE_DEPTH, LABEL_QUEUE, LABEL_STATE, RING_RESIDENT_BYTES, RING_SLOTS};
 use smoe_proto::stats::{IO_QUEUES, SLOT_STATES};
 use smoe_proto::RingSnapshot;
 
@@ -27,7 +28,10 @@ impl RingCache {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new().name("smoe-ring-gauges".into()).spawn(move || loop {
             match ring.upgrade() {
-                Some(r) => set_gauges(&r.stats()),
+                Some(r) => {
+                    set_gauges(&r.stats());
+                    metrics::gauge!(RING_RESIDENT_BYTES).set(r.resident_bytes() as f64);
+                }
                 None => break,
             }
             if stopped.recv_timeout(period) != Err(RecvTimeoutError::Timeout) {

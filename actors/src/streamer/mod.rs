@@ -29,8 +29,10 @@ use queue::IoQueue;
 pub trait LoadSink: Send + Sync {
     /// Start of `slot`'s memory (at least the blob stride long, 16 KiB-aligned).
     fn slot_ptr(&self, slot: u32) -> *mut u8;
-    /// Number of slots and bytes per slot (for registering them with the kernel).
-    fn geometry(&self) -> (usize, usize);
+    /// Bytes of `slot`'s memory (its size class's stride).
+    fn slot_len(&self, slot: u32) -> usize;
+    /// Number of slots (for the kernel's table of registered buffers).
+    fn n_slots(&self) -> usize;
     /// Called once per request, after the read and checksum.
     fn complete(&self, req: ReadRequest, result: Result<(), VaultError>, latency: Duration);
 }

@@ -1,7 +1,9 @@
 //! The io_uring I/O path: one thread keeps up to `queue_depth` O_DIRECT reads in
 //! flight, taking demand requests before speculative ones, and verifies each blob as
-//! its completion arrives. Slots are registered as fixed buffers when the ring allows
-//! (one buffer per slot, up to the kernel's limit), so reads use `ReadFixed`.
+//! its completion arrives. The ring gets a sparse table of fixed buffers (one entry per
+//! slot, up to the kernel's limit) and each slot is registered on its first read, so reads
+//! use `ReadFixed` and start-up pins no slot memory: registering a buffer faults in and
+//! pins its pages, which for the whole ring at once took seconds per GiB.
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -20,7 +22,9 @@ const POLL: Duration = Duration::from_micros(200);
 pub(super) struct UringWorker {
     ring: IoUring,
     depth: usize,
-    fixed: bool,
+    /// Per slot, whether it is registered as a fixed buffer yet; `None` when the kernel
+    /// gave no buffer table or refused a registration (reads are then unregistered).
+    registered: Option<Vec<bool>>,
 }
 
 struct InFlight {
@@ -29,11 +33,30 @@ struct InFlight {
 }
 
 impl UringWorker {
-    /// Sets up the ring; registers the slots as fixed buffers when possible.
+    /// Sets up the ring with an empty fixed-buffer table of one entry per slot when
+    /// possible; no slot memory is touched.
     pub(super) fn new(depth: usize, sink: &dyn LoadSink) -> std::io::Result<Self> {
         let ring = IoUring::new((depth as u32).next_power_of_two().max(8))?;
-        let fixed = register_slots(&ring, sink);
-        Ok(UringWorker { ring, depth, fixed })
+        let registered = buffer_table(&ring, sink);
+        Ok(UringWorker { ring, depth, registered })
+    }
+
+    /// The fixed-buffer index for a read into `slot`, registering the slot on its first
+    /// use; `None` for an unregistered read.
+    fn fixed_buffer(&mut self, sink: &dyn LoadSink, slot: u32) -> Option<u16> {
+        let registered = self.registered.as_mut()?;
+        if !registered[slot as usize] {
+            let iov = libc::iovec { iov_base: sink.slot_ptr(slot).cast(), iov_len: sink.slot_len(slot) };
+            // SAFETY: the slot memory outlives the ring (the ring cache owns both and drops
+            // the streamer first).
+            if let Err(e) = unsafe { self.ring.submitter().register_buffers_update(slot, &[iov], None) } {
+                tracing::info!("io_uring buffer registration refused ({e}); using unregistered reads");
+                self.registered = None;
+                return None;
+            }
+            registered[slot as usize] = true;
+        }
+        Some(slot as u16)
     }
 
     fn push(
@@ -51,10 +74,9 @@ impl UringWorker {
         let fd = types::Fd(file.as_raw_fd());
         let ptr = sink.slot_ptr(req.slot);
         let len = loc.stride as u32;
-        let entry = if self.fixed {
-            opcode::ReadFixed::new(fd, ptr, len, req.slot as u16).offset(loc.offset).build()
-        } else {
-            opcode::Read::new(fd, ptr, len).offset(loc.offset).build()
+        let entry = match self.fixed_buffer(sink, req.slot) {
+            Some(index) => opcode::ReadFixed::new(fd, ptr, len, index).offset(loc.offset).build(),
+            None => opcode::Read::new(fd, ptr, len).offset(loc.offset).build(),
         };
         slab[idx] = Some(InFlight { req, started: Instant::now() });
         // SAFETY: the slot memory stays valid and untouched by others until the
@@ -127,21 +149,18 @@ impl UringWorker {
     }
 }
 
-/// Registers one fixed buffer per slot; false if the slots cannot be registered.
-fn register_slots(ring: &IoUring, sink: &dyn LoadSink) -> bool {
-    let (n, bytes) = sink.geometry();
-    if n == 0 || n > MAX_FIXED_BUFFERS || bytes > (1 << 30) {
-        return false;
+/// An empty (sparse) table of one fixed buffer per slot, all unregistered; `None` when
+/// the slots cannot be registered.
+fn buffer_table(ring: &IoUring, sink: &dyn LoadSink) -> Option<Vec<bool>> {
+    let n = sink.n_slots();
+    if n == 0 || n > MAX_FIXED_BUFFERS {
+        return None;
     }
-    let iovecs: Vec<libc::iovec> =
-        (0..n).map(|i| libc::iovec { iov_base: sink.slot_ptr(i as u32).cast(), iov_len: bytes }).collect();
-    // SAFETY: the slot memory outlives the ring (the ring cache owns both and drops the
-    // streamer first).
-    match unsafe { ring.submitter().register_buffers(&iovecs) } {
-        Ok(()) => true,
+    match ring.submitter().register_buffers_sparse(n as u32) {
+        Ok(()) => Some(vec![false; n]),
         Err(e) => {
-            tracing::info!("io_uring buffer registration refused ({e}); using unregistered reads");
-            false
+            tracing::info!("io_uring buffer table refused ({e}); using unregistered reads");
+            None
         }
     }
 }

@@ -127,10 +127,10 @@ impl VulkanPass {
     ) -> Result<VulkanPass, VulkanError> {
         let (model, ring) = (engine.model.clone(), engine.ring.clone());
         let (c, a, m) = (ctx.clone(), arenas.clone(), model.clone());
-        let hold_limit = ring.n_slots();
+        let hold_limits = ring.layer_slots();
         let init = move || {
             let backend = VulkanBackend::new(c, a, m.clone(), max_rows)?;
-            Ok(Worker { pass: Pass::new(backend, m, ring, max_rows, hold_limit) })
+            Ok(Worker { pass: Pass::new(backend, m, ring, max_rows, hold_limits) })
         };
         let actor = ThreadActor::spawn("vulkan", init, serve).map_err(|e| match e {
             SpawnError::Init(e) => e,

@@ -14,7 +14,7 @@ use std::time::Instant;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use smoe_actors::ring::memory::{HostAllocator, SlotAllocator};
-use smoe_actors::ring::{RingCache, RingOptions};
+use smoe_actors::ring::{RingCache, RingOptions, RingSize};
 use smoe_actors::streamer::{IoChoice, StreamerOptions};
 use smoe_actors::vault::Vault;
 use smoe_proto::{ExpertKey, ExpertSource};
@@ -68,7 +68,10 @@ fn raw_random(vault: &Vault, keys: &[ExpertKey]) -> f64 {
 
 /// Streams `keys` through a fresh ring: announce a window, claim it, repeat.
 fn ring_stream(vault: &Arc<Vault>, keys: &[ExpertKey], slots: usize, io: IoChoice, qd: usize) -> (f64, u64) {
-    let opts = RingOptions { slots, streamer: StreamerOptions { io, queue_depth: qd, fault: None } };
+    let opts = RingOptions {
+        size: RingSize::Slots(slots),
+        streamer: StreamerOptions { io, queue_depth: qd, fault: None },
+    };
     let ring = RingCache::new(vault.clone(), &HostAllocator, &opts).expect("ring");
     let window = (2 * qd).clamp(1, slots / 2);
     let start = Instant::now();
