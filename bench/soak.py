@@ -8,8 +8,9 @@ an unknown model, oversize bodies, prompts over the context), and disconnect at 
 vault is corrupted for a few seconds at a time (its checksum fails when the daemon reads
 it) and restored. Afterwards it checks that every request that was not abandoned on
 purpose got an HTTP response or a clean error (JSON error bodies, streams that end in
-`data: [DONE]`), that the queue, in-flight and read-queue gauges of /metrics return to
-zero, that the daemon's RSS stayed within the bound, and that /health still answers.
+`data: [DONE]`), that valid requests failed only while the blob was corrupt (+2 s), that
+the queue, in-flight and read-queue gauges of /metrics return to zero, that the daemon's
+RSS stayed within the bound, and that /health still answers.
 Prints the counts; exits 1 when an assertion fails.
 """
 
