@@ -352,7 +352,9 @@ def main():
                             if oom:
                                 notes.append(f"oom_kill={oom}")
                             if row.get("error"):
-                                notes.append(f"rc={row['returncode']}")
+                                # rc 0 without timings: llama.cpp's asynchronous logger lost
+                                # its last lines at exit (seen on a loaded host).
+                                notes.append(f"rc={row['returncode']}" if row["returncode"] else "no-timings-in-log")
                                 print(f"## {engine} {fmt_name} failed:\n{row['error']}", file=sys.stderr)
                             if engine == "llama" and "same_prompt_ids" in row and not row["same_prompt_ids"]:
                                 notes.append("PROMPT IDS DIFFER")
