@@ -253,11 +253,16 @@ def run_llama(args, gguf, text, ids, cgroup):
         row["error"] = r.tail()
         return row
     (pms, pn), (ems, en) = state["prompt"], state["eval"]
-    first, last = r.marks.get("first"), r.marks.get("last")
+    # The log is written by a thread of its own: a line can arrive after the process has
+    # been reaped. The last token's reads then count as the total at exit (nothing is read
+    # after it).
+    first = r.marks.get("first", (None, None))[1]
+    last = r.marks.get("last", (None, None))[1]
+    last = r.total_read if last is None else last
     row.update(
         prefill_tok_s=pn / pms * 1e3, decode_tok_s=en / ems * 1e3 if ems else 0.0, decode_tokens=en,
-        bytes_per_token=(last[1] - first[1]) / max(en, 1) if first and last and first[1] is not None else None,
-        prefill_read=first[1] if first else None,
+        bytes_per_token=(last - first) / max(en, 1) if first is not None and last is not None else None,
+        prefill_read=first,
         same_prompt_ids=state.get("prompt_ids") == list(ids),
     )
     return row
@@ -352,7 +357,9 @@ def main():
                             if oom:
                                 notes.append(f"oom_kill={oom}")
                             if row.get("error"):
-                                notes.append(f"rc={row['returncode']}")
+                                # rc 0 without timings: llama.cpp's asynchronous logger lost
+                                # its last lines at exit (seen on a loaded host).
+                                notes.append(f"rc={row['returncode']}" if row["returncode"] else "no-timings-in-log")
                                 print(f"## {engine} {fmt_name} failed:\n{row['error']}", file=sys.stderr)
                             if engine == "llama" and "same_prompt_ids" in row and not row["same_prompt_ids"]:
                                 notes.append("PROMPT IDS DIFFER")

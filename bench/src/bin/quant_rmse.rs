@@ -87,18 +87,19 @@ fn sse(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum()
 }
 
-/// The error sums of matrix `p` of layer `layer` over all experts, or `None` when the two
-/// vaults store it in different formats (with the two formats).
-fn tensor(
-    src: &Opened,
-    ours: &Opened,
-    llama: &Opened,
-    layer: usize,
-    p: usize,
-) -> Result<Result<(DType, Sse), (DType, DType)>, String> {
+/// What one tensor's comparison found.
+enum Compared {
+    /// Both store it as this type: the error sums.
+    Same(DType, Sse),
+    /// Ours stores it as the first type, llama.cpp as the second: not compared.
+    Differ(DType, DType),
+}
+
+/// The error sums of matrix `p` of layer `layer` over all experts.
+fn tensor(src: &Opened, ours: &Opened, llama: &Opened, layer: usize, p: usize) -> Result<Compared, String> {
     let (to, tl) = (ours.part(layer, p)?.dtype, llama.part(layer, p)?.dtype);
     if to != tl {
-        return Ok(Err((to, tl)));
+        return Ok(Compared::Differ(to, tl));
     }
     let experts = src.vault.manifest().model.num_experts;
     let sums = (0..experts)
@@ -110,11 +111,12 @@ fn tensor(
             Ok(Sse { ours: o, llama: l, worst_expert: (o / l).sqrt(), n: x.len() as u64 })
         })
         .collect::<Result<Vec<Sse>, String>>()?;
-    Ok(Ok((to, sums.into_iter().fold(Sse::default(), Sse::add))))
+    Ok(Compared::Same(to, sums.into_iter().fold(Sse::default(), Sse::add)))
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    if args.len() < 4 || (args.len() - 1) % 3 != 0 {
+    let sets = args.get(1..).unwrap_or_default().chunks_exact(3);
+    if sets.len() == 0 || !sets.remainder().is_empty() {
         return Err("usage: quant_rmse SRC_VAULT LABEL OURS_VAULT LLAMA_VAULT [LABEL OURS LLAMA]...".into());
     }
     let src = Opened::open(&args[0])?;
@@ -122,7 +124,7 @@ fn run(args: &[String]) -> Result<(), String> {
     println!("source: {}", args[0]);
     println!("ratio = RMSE(ours) / RMSE(llama.cpp) against the bf16 source, per tensor (all experts of one layer's matrix)");
     let mut failed = false;
-    for set in args[1..].chunks_exact(3) {
+    for set in sets {
         let (label, ours, llama) = (&set[0], Opened::open(&set[1])?, Opened::open(&set[2])?);
         println!("\n== {label}: ours {} vs llama.cpp {}", set[1], set[2]);
         println!(
@@ -138,7 +140,7 @@ fn run(args: &[String]) -> Result<(), String> {
             for (p, name) in PARTS.iter().enumerate() {
                 let t = format!("blk.{layer}.{name}");
                 match tensor(&src, &ours, &llama, layer, p)? {
-                    Ok((ty, s)) => {
+                    Compared::Same(ty, s) => {
                         println!(
                             "{t:<12} {:<6} {:>12.4e} {:>12.4e} {:>8.4} {:>13.4}",
                             ty.to_string(),
@@ -149,7 +151,7 @@ fn run(args: &[String]) -> Result<(), String> {
                         );
                         per_type.entry(ty.to_string()).or_default().push((t, s));
                     }
-                    Err((to, tl)) => differ.push(format!("{t} (ours {to}, llama {tl})")),
+                    Compared::Differ(to, tl) => differ.push(format!("{t} (ours {to}, llama {tl})")),
                 }
             }
         }
