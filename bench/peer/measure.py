@@ -188,10 +188,19 @@ class Run:
         return "\n".join(self.lines[-n:])
 
 
-def run_ours(args, vault, ids, ring_bytes, cgroup):
+# Decode modes: greedy, or `random` (temperature 1 over the whole vocabulary, fixed seed):
+# a random model's greedy decode cycles through a few tokens, which flatters any cache;
+# sampled tokens defeat that locality. Both engines get the same settings (not the same
+# tokens: their samplers differ).
+RANDOM_SEED = 1234
+
+
+def run_ours(args, vault, ids, ring_bytes, cgroup, mode):
     cmd = [args.bin, "generate", "--vault", vault, "--prompt-ids", ",".join(map(str, ids)),
            "--max-tokens", str(args.decode), "--ignore-eos", "--json",
            "--max-context", str(max(len(ids) + args.decode + 64, 1024))]
+    if mode == "random":
+        cmd += ["--temperature", "1", "--top-k", "0", "--top-p", "1", "--seed", str(RANDOM_SEED)]
     if ring_bytes:
         cmd += ["--ring-bytes", str(ring_bytes)]
     r = Run(cmd, cgroup)
@@ -220,9 +229,11 @@ LOG_REMAIN = re.compile(r"(?:^|\s)n_remain: (\d+)$")
 TOKEN_IDS = re.compile(r"':(\d+)(?=[,\s\]])")
 
 
-def run_llama(args, gguf, text, ids, cgroup):
+def run_llama(args, gguf, text, ids, cgroup, mode):
     n = args.decode
-    cmd = [args.llama, "-m", gguf, "-p", text, "-n", str(n), "--temp", "0", "--ignore-eos",
+    sampling = ["--temp", "0"] if mode == "greedy" else [
+        "--temp", "1", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", str(RANDOM_SEED)]
+    cmd = [args.llama, "-m", gguf, "-p", text, "-n", str(n), *sampling, "--ignore-eos",
            "--no-warmup", "-no-cnv", "--no-display-prompt", "-t", str(args.threads),
            "-c", str(max(len(ids) + n + 64, 1024)), "-b", "512", "-ub", "512", "-v",
            # Weights stay in the file mapping: repacking (q4_K_8x8, AMX) copies them into
@@ -274,7 +285,7 @@ def fmt(v, spec):
 
 COLUMNS = [
     ("readahead_kb", "ra_kb", "d"), ("format", "format", "s"), ("cap_mb", "cap_MB", ".0f"),
-    ("prompt", "prompt", "d"), ("engine", "engine", "s"), ("prefill_tok_s", "prefill_t/s", ".2f"),
+    ("prompt", "prompt", "d"), ("decode", "decode", "s"), ("engine", "engine", "s"), ("prefill_tok_s", "prefill_t/s", ".2f"),
     ("decode_tok_s", "decode_t/s", ".3f"), ("bytes_per_token_mb", "MB/dec_tok", ".2f"),
     ("total_read_mb", "read_MB", ".0f"), ("peak_rss_mb", "rss_MB", ".0f"), ("cg_peak_mb", "cg_MB", ".0f"),
     ("ring_mb", "ring_MB", ".0f"), ("wall_s", "wall_s", ".1f"), ("load_before", "load0", ".2f"),
@@ -290,6 +301,8 @@ def main():
     ap.add_argument("--pair", nargs=3, action="append", required=True, metavar=("FORMAT", "VAULT", "GGUF"))
     ap.add_argument("--prompts", default="64,512")
     ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--decode-modes", default="greedy,random",
+                    help="greedy and/or random (temperature 1, whole vocabulary, fixed seed)")
     ap.add_argument("--caps", default="none,quarter", help="none and/or quarter (of the GGUF's bytes)")
     ap.add_argument("--readahead", default="128", help="KiB, comma-separated: one row set each")
     ap.add_argument("--ring-slack-mb", type=float, default=300,
@@ -321,7 +334,7 @@ def main():
         f"{os.cpu_count()} CPUs, kernel {platform.release()}, disk {dev} (read_ahead_kb was {ra_orig})",
         f"# load average at start {os.getloadavg()}; max-load {args.max_load}"
         + (" -- BUSY HOST, --allow-busy: figures are not idle-machine figures" if load > args.max_load else ""),
-        f"# decode {args.decode} greedy tokens after prompts of {args.prompts} ids; cold runs (drop_caches); "
+        f"# decode {args.decode} tokens ({args.decode_modes}) after prompts of {args.prompts} ids; cold runs (drop_caches); "
         f"threads {args.threads}; cap = 1/4 of the GGUF file",
     ] + ([f"# {args.note}"] if args.note else [])
     print("\n".join(header), flush=True)
@@ -337,7 +350,8 @@ def main():
                     ring = None
                     if cap:
                         ring = max(int(cap - resident - args.ring_slack_mb * MB), 64 << 20)
-                    for n, (text, ids) in prompts.items():
+                    for n, (text, ids), mode in [(n, p, m) for n, p in prompts.items()
+                                                  for m in args.decode_modes.split(",")]:
                         engines = ["ours", "llama"] if order % 2 == 0 else ["llama", "ours"]
                         order += 1
                         for engine in engines:
@@ -345,12 +359,12 @@ def main():
                             cg.prepare(cap)
                             before = os.getloadavg()[0]
                             if engine == "ours":
-                                row = run_ours(args, vault, ids, ring, cg)
+                                row = run_ours(args, vault, ids, ring, cg, mode)
                             else:
-                                row = run_llama(args, gguf, text, ids, cg)
+                                row = run_llama(args, gguf, text, ids, cg, mode)
                             oom = cg.oom_kills() - cg.oom0
                             row.update(
-                                readahead_kb=ra, format=fmt_name, cap_mb=cap / MB, prompt=n, engine=engine,
+                                readahead_kb=ra, format=fmt_name, cap_mb=cap / MB, prompt=n, decode=mode, engine=engine,
                                 load_before=before, load_after=os.getloadavg()[0], cg_peak_mb=cg.peak() / MB,
                             )
                             notes = []

@@ -29,9 +29,9 @@ while [[ $# -gt 0 ]]; do
 done
 DATE=$(date +%F)
 
-export CARGO_BUILD_JOBS=1 CARGO_INCREMENTAL=0
+export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} CARGO_INCREMENTAL=0
 cargo build --release --bin smoe-pipeline -p smoe-pipeline
-BIN=target/release/smoe-pipeline
+BIN=${CARGO_TARGET_DIR:-target}/release/smoe-pipeline
 COMPLETION=$LLAMA_DIR/build/bin/llama-completion
 [[ -x $COMPLETION ]] || { echo "no $COMPLETION: run bench/peer/build_llama.sh" >&2; exit 1; }
 

@@ -38,6 +38,8 @@ fn read_rows(path: &str) -> Result<Vec<Row>, String> {
         |name: &str| header.iter().position(|h| *h == name).ok_or(format!("{path}: no column `{name}`"));
     let (ra, fmt, cap, prompt, engine) =
         (col("readahead_kb")?, col("format")?, col("cap_mb")?, col("prompt")?, col("engine")?);
+    // Files written before the decode-mode column hold greedy decodes only.
+    let mode = col("decode").ok();
     let mut rows = Vec::new();
     for line in lines.filter(|l| !l.trim().is_empty()) {
         let f: Vec<&str> = line.split(',').collect();
@@ -49,7 +51,13 @@ fn read_rows(path: &str) -> Result<Vec<Row>, String> {
             header.iter().zip(&f).filter_map(|(h, v)| Some((h.to_string(), v.parse().ok()?))).collect();
         rows.push(Row {
             readahead: f[ra].to_string(),
-            condition: format!("{} {} p{}", f[fmt], if capped { "cap" } else { "free" }, f[prompt]),
+            condition: format!(
+                "{} {} p{}{}",
+                f[fmt],
+                if capped { "cap" } else { "free" },
+                f[prompt],
+                mode.map_or("", |m| if f[m] == "random" { " rnd" } else { "" })
+            ),
             engine: f[engine].to_string(),
             values,
         });
