@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::path::Path;
+
 use common::*;
 
 #[test]
@@ -60,6 +62,30 @@ fn verify_on_vulkan_passes() {
     }
 }
 
+/// Generates `n` tokens of `prompt` on the CPU and on Vulkan with `extra` flags, checks
+/// the ids are equal and the logits within 1e-4, and returns the Vulkan run's JSON.
+fn vulkan_matches_cpu(
+    dir: &Path,
+    vault: &Path,
+    prompt: &[u32],
+    n: usize,
+    extra: &[&str],
+) -> serde_json::Value {
+    let run = |backend: &str| {
+        let lpath = dir.join(format!("{backend}.safetensors"));
+        let mut flags = vec!["--backend", backend];
+        flags.extend_from_slice(extra);
+        let out = generate_json(vault, prompt, n, &lpath, &flags);
+        (out, read_f32(&lpath, "logits").1)
+    };
+    let (cpu_out, cpu) = run("cpu");
+    let (vk_out, vk) = run("vulkan");
+    assert_eq!(id_list(&vk_out["token_ids"]), id_list(&cpu_out["token_ids"]));
+    let max = vk.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(max <= 1e-4, "max |Vulkan - CPU| {max}");
+    vk_out
+}
+
 #[test]
 fn quantised_vault_generates_on_vulkan_as_on_cpu() {
     // `convert --quant q8_0` on a fixture whose expert rows are not whole K-quant blocks:
@@ -67,16 +93,7 @@ fn quantised_vault_generates_on_vulkan_as_on_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let vault = convert("moe_all", dir.path(), &["--quant", "q8_0"]);
     let (prompt, greedy) = golden_cases("moe_all").remove(1);
-    let run = |backend: &str| {
-        let lpath = dir.path().join(format!("{backend}.safetensors"));
-        let out = generate_json(&vault, &prompt, greedy.len(), &lpath, &["--backend", backend]);
-        (id_list(&out["token_ids"]), read_f32(&lpath, "logits").1)
-    };
-    let (cpu_ids, cpu) = run("cpu");
-    let (vk_ids, vk) = run("vulkan");
-    assert_eq!(vk_ids, cpu_ids);
-    let max = vk.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    assert!(max <= 1e-4, "max |Vulkan - CPU| {max}");
+    vulkan_matches_cpu(dir.path(), &vault, &prompt, greedy.len(), &[]);
 }
 
 #[test]
@@ -88,16 +105,6 @@ fn a_ring_of_size_classes_runs_on_vulkan_as_on_cpu() {
     let vault = dir.path().join("q4km.vault");
     let v = vault.to_str().unwrap();
     run_ok(&["synth", "--out", v, "--preset", "small", "--seed", "5", "--quant", "q4_k_m"]);
-    let run = |backend: &str| {
-        let lpath = dir.path().join(format!("{backend}.safetensors"));
-        let out =
-            generate_json(&vault, &[1, 2, 3, 4], 4, &lpath, &["--backend", backend, "--ring-slots", "6"]);
-        assert_eq!(out["stats"]["ring_classes"].as_array().unwrap().len(), 2, "{out}");
-        (id_list(&out["token_ids"]), read_f32(&lpath, "logits").1)
-    };
-    let (cpu_ids, cpu) = run("cpu");
-    let (vk_ids, vk) = run("vulkan");
-    assert_eq!(vk_ids, cpu_ids);
-    let max = vk.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    assert!(max <= 1e-4, "max |Vulkan - CPU| {max}");
+    let out = vulkan_matches_cpu(dir.path(), &vault, &[1, 2, 3, 4], 4, &["--ring-slots", "6"]);
+    assert_eq!(out["stats"]["ring_classes"].as_array().unwrap().len(), 2, "{out}");
 }
