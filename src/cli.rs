@@ -68,10 +68,14 @@ pub struct SynthArgs {
     /// Element type of resident weight matrices (and of the experts without --quant).
     #[arg(long, value_parser = ["f32", "bf16"], default_value = "bf16")]
     pub dtype: String,
-    /// Quantise the routed experts: q8_0, q4_0, q4_k_m, q5_k_m or q6_k (as llama.cpp's
-    /// mixes of those names; resident tensors keep --dtype).
+    /// Quantise the weights: q8_0, q4_0, q4_k_m, q5_k_m or q6_k (llama.cpp's mixes of
+    /// those names, for the routed experts and the resident matrices; router gates and
+    /// norms stay unquantised).
     #[arg(long, value_enum)]
     pub quant: Option<Quant>,
+    /// With --quant: quantise only the routed experts; resident matrices keep --dtype.
+    #[arg(long, requires = "quant")]
+    pub keep_resident: bool,
     /// Copy tokenizer files from this directory.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -203,11 +207,14 @@ pub struct ConvertArgs {
     /// experts without --quant: f32 or bf16 (default: bf16 for bf16 checkpoints, else f32).
     #[arg(long, value_parser = ["f32", "bf16"], conflicts_with = "gguf")]
     pub dtype: Option<String>,
-    /// Quantise the routed experts while converting: q8_0, q4_0, q4_k_m, q5_k_m or q6_k
-    /// (as llama.cpp's mixes of those names; resident tensors keep --dtype). Not with
-    /// --gguf, whose tensors keep their formats.
+    /// Quantise while converting: q8_0, q4_0, q4_k_m, q5_k_m or q6_k (llama.cpp's mixes
+    /// of those names, for the routed experts and the resident matrices; router gates and
+    /// norms stay unquantised). Not with --gguf, whose tensors keep their formats.
     #[arg(long, value_enum, conflicts_with = "gguf")]
     pub quant: Option<Quant>,
+    /// With --quant: quantise only the routed experts; resident matrices keep --dtype.
+    #[arg(long, requires = "quant")]
+    pub keep_resident: bool,
     /// Overwrite an existing vault at --out.
     #[arg(long)]
     pub force: bool,

@@ -34,7 +34,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (None, Some(file)) => convert::Source::Gguf(file),
                 (None, None) => anyhow::bail!("pass --hf DIR or --gguf FILE"),
             };
-            let opts = convert::ConvertOptions { source, out: a.out, dtype, quant: a.quant, force: a.force };
+            let opts = convert::ConvertOptions {
+                source,
+                out: a.out,
+                dtype,
+                quant: a.quant,
+                keep_resident: a.keep_resident,
+                force: a.force,
+            };
             let m = convert::convert(&opts)?;
             eprintln!(
                 "wrote vault {} ({} layers, {} MoE layers × {} experts; {})",

@@ -148,10 +148,23 @@ fn resident_dtype(shape: &[usize], dtype: DType) -> DType {
     }
 }
 
+/// The type resident tensor `name` of `shape` is written in: the quantisation scheme's
+/// (unless the spec keeps resident matrices), else the source's choice for `spec.dtype`.
+fn resident_type(spec: &VaultSpec<'_>, src: &dyn TensorSource, name: &str, shape: &[usize]) -> DType {
+    let cfg = spec.cfg;
+    spec.quant
+        .filter(|_| !spec.keep_resident)
+        .and_then(|q| q.resident_type(name, shape, cfg.num_hidden_layers, cfg.tie_word_embeddings))
+        .unwrap_or_else(|| src.dtype(name, shape, spec.dtype))
+}
+
 /// Bytes the vault's data files will hold (for the progress bar).
-fn total_bytes(cfg: &ModelConfig, layouts: &[ExpertLayout], dtype: DType, src: &dyn TensorSource) -> u64 {
-    let resident: u64 =
-        resident_tensors(cfg).iter().filter_map(|(n, s)| tensor_bytes(src.dtype(n, s, dtype), s)).sum();
+fn total_bytes(spec: &VaultSpec<'_>, layouts: &[ExpertLayout], src: &dyn TensorSource) -> u64 {
+    let cfg = spec.cfg;
+    let resident: u64 = resident_tensors(cfg)
+        .iter()
+        .filter_map(|(n, s)| tensor_bytes(resident_type(spec, src, n, s), s))
+        .sum();
     resident + layouts.iter().map(|l| cfg.num_experts as u64 * l.blob_stride).sum::<u64>()
 }
 
@@ -164,8 +177,11 @@ pub struct VaultSpec<'a> {
     /// Element type of resident weight matrices (norms are always f32), and of the
     /// expert matrices unless `quant` says otherwise.
     pub dtype: DType,
-    /// How the expert matrices are quantised (`None`: stored as `dtype`).
+    /// How the expert matrices, and the resident weight matrices unless `keep_resident`,
+    /// are quantised (`None`: stored as `dtype`).
     pub quant: Option<Quant>,
+    /// Store the resident weight matrices as `dtype` even when `quant` is set.
+    pub keep_resident: bool,
     /// Overwrite an existing vault.
     pub force: bool,
     /// Directory to copy tokenizer files from.
@@ -207,7 +223,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     let out = staging.path();
     let experts = out.join("experts");
     std::fs::create_dir(&experts).with_context(|| format!("cannot create {}", experts.display()))?;
-    let bar = ProgressBar::new(total_bytes(cfg, &layouts, dtype, src)).with_message(spec.label.to_string());
+    let bar = ProgressBar::new(total_bytes(spec, &layouts, src)).with_message(spec.label.to_string());
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -218,7 +234,7 @@ pub fn write_vault(spec: &VaultSpec<'_>, src: &mut dyn TensorSource) -> Result<M
     for (name, shape) in resident_tensors(cfg) {
         sink.pad_to(64)?;
         let offset = sink.pos;
-        let to = src.dtype(&name, &shape, dtype);
+        let to = resident_type(spec, src, &name, &shape);
         let crc32c = sink.tensor(src, &name, &shape, to, 0)?;
         tensors.push(TensorEntry { name, dtype: to, shape, offset, len: sink.pos - offset, crc32c });
     }

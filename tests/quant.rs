@@ -68,8 +68,14 @@ fn every_scheme_runs_and_reports_its_format_mix() {
         assert_eq!(st["bytes_per_expert"].as_u64().unwrap(), lens.iter().sum::<u64>() / 4, "{scheme}");
         assert!(st["bytes_per_expert"].as_u64().unwrap() * 5 < bf16_bytes * 3, "{scheme}: {st}");
         let mix = &st["format_mix"];
-        assert_eq!(mix["bf16"]["resident_tensors"], plain_stats["format_mix"]["bf16"]["resident_tensors"]);
-        assert_eq!(mix["bf16"]["expert_matrices"], 0, "{scheme}: resident tensors keep --dtype");
+        // Every resident matrix is quantised but the 4 router gates (norms stay f32).
+        let resident = |mix: &Value| -> u64 {
+            mix.as_object().unwrap().values().map(|v| v["resident_tensors"].as_u64().unwrap()).sum()
+        };
+        assert_eq!(resident(mix), resident(&plain_stats["format_mix"]), "{scheme}: {mix}");
+        assert_eq!(mix["bf16"]["resident_tensors"], 4, "{scheme}: {mix}");
+        assert_eq!(mix["f32"]["resident_tensors"], plain_stats["format_mix"]["f32"]["resident_tensors"]);
+        assert_eq!(mix["bf16"]["expert_matrices"], 0, "{scheme}");
         let matrices: u64 =
             mix.as_object().unwrap().values().map(|v| v["expert_matrices"].as_u64().unwrap()).sum();
         assert_eq!(matrices, 4 * 16 * 3, "{scheme}: every expert matrix is counted once");
@@ -150,16 +156,39 @@ fn a_quantised_vault_passes_verify_on_the_cpu() {
 }
 
 #[test]
-fn convert_quantises_the_experts_and_keeps_the_resident_tensors() {
+fn convert_quantises_experts_and_resident_matrices_unless_told_to_keep_them() {
     let dir = tempfile::tempdir().unwrap();
     let plain = convert("moe_all", dir.path(), &[]);
-    let quant_dir = dir.path().join("q");
-    std::fs::create_dir_all(&quant_dir).unwrap();
-    let quant = convert("moe_all", &quant_dir, &["--quant", "q8_0"]);
+    let sub = |name: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let quant = convert("moe_all", &sub("q"), &["--quant", "q8_0"]);
+    let kept = convert("moe_all", &sub("k"), &["--quant", "q8_0", "--keep-resident"]);
     let m = manifest(&quant);
     assert!(layer_types(&m).iter().flatten().all(|t| t == "q8_0"), "{m}");
+    assert_eq!(layer_types(&manifest(&kept)), layer_types(&m));
     let read = |v: &Path| std::fs::read(v.join("resident.bin")).unwrap();
-    assert_eq!(read(&plain), read(&quant), "resident tensors are stored as without --quant");
+    assert_eq!(read(&plain), read(&kept), "--keep-resident stores resident tensors as without --quant");
+    // Matrices in Q8_0 (the LM head too, under q8_0), the router gate and norms untouched.
+    for t in m["resident"]["tensors"].as_array().unwrap() {
+        let (name, dtype) = (t["name"].as_str().unwrap(), t["dtype"].as_str().unwrap());
+        let want = if t["shape"].as_array().unwrap().len() == 1 || name.ends_with("mlp.gate.weight") {
+            manifest(&plain)["resident"]["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name)
+                .unwrap()["dtype"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        } else {
+            "q8_0".to_string()
+        };
+        assert_eq!(dtype, want, "{name}");
+    }
     let out =
         run_ok(&["verify", "--vault", quant.to_str().unwrap(), "--chunk-sizes", "2,5", "--tokens", "3"]);
     assert!(out.contains(" 0 failed"), "{out}");

@@ -235,6 +235,7 @@ pub fn convert(path: &Path, out: &Path, force: bool) -> Result<Manifest> {
         // Not used: the source keeps every tensor's own type.
         dtype: DType::F32,
         quant: None,
+        keep_resident: false,
         force,
         tokenizer_dir: None,
         tokenizer_files,

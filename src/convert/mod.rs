@@ -75,8 +75,11 @@ pub struct ConvertOptions {
     /// checkpoints bf16 and converts everything else to f32 (both exact). A GGUF's
     /// tensors keep their formats.
     pub dtype: Option<DType>,
-    /// How the expert matrices are quantised (`None`: stored as `dtype`).
+    /// How the expert matrices (and, unless `keep_resident`, the resident ones) are
+    /// quantised (`None`: stored as `dtype`).
     pub quant: Option<Quant>,
+    /// Store resident weight matrices as `dtype` even under `quant`.
+    pub keep_resident: bool,
     /// Overwrite an existing vault.
     pub force: bool,
 }
@@ -134,6 +137,7 @@ fn convert_hf(hf: &Path, opts: &ConvertOptions) -> Result<Manifest> {
         cfg: &cfg,
         dtype,
         quant: opts.quant,
+        keep_resident: opts.keep_resident,
         force: opts.force,
         tokenizer_dir: Some(hf),
         tokenizer_files: Vec::new(),

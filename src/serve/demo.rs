@@ -89,6 +89,7 @@ fn build(cfg: &ModelConfig, staging: &Path, vault: &Path) -> Result<()> {
         cfg,
         dtype: DTYPE,
         quant: None,
+        keep_resident: false,
         force: true,
         tokenizer_dir: Some(&tok_dir),
         tokenizer_files: Vec::new(),

@@ -133,8 +133,11 @@ pub struct SynthOptions {
     pub seed: u64,
     /// Element type of resident weight matrices (and of the experts without `quant`).
     pub dtype: DType,
-    /// How the expert matrices are quantised.
+    /// How the expert matrices (and, unless `keep_resident`, the resident ones) are
+    /// quantised.
     pub quant: Option<Quant>,
+    /// Store resident weight matrices as `dtype` even under `quant`.
+    pub keep_resident: bool,
     /// Directory to copy tokenizer files from.
     pub tokenizer: Option<PathBuf>,
     /// Overwrite an existing vault or checkpoint.
@@ -173,6 +176,7 @@ pub fn synth(opts: &SynthOptions) -> Result<String> {
         cfg: &cfg,
         dtype: opts.dtype,
         quant: opts.quant,
+        keep_resident: opts.keep_resident,
         force: opts.force,
         tokenizer_dir: opts.tokenizer.as_deref(),
         tokenizer_files: Vec::new(),
@@ -247,6 +251,7 @@ fn options(a: &SynthArgs, out: &Path, preset: &str) -> Result<SynthOptions> {
         seed: a.seed,
         dtype: DType::from_name(&a.dtype).unwrap_or(DType::Bf16),
         quant: a.quant,
+        keep_resident: a.keep_resident,
         tokenizer: a.tokenizer.clone(),
         force: a.force,
         routing,
