@@ -6,7 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders");
+    // Read at run time, not baked in with env!(): one compiled build script may serve
+    // several checkouts of the workspace (worktrees sharing a target directory), and each
+    // must compile its own shaders.
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest_dir).join("../shaders");
     println!("cargo:rerun-if-changed={}", root.display());
     println!("cargo:rerun-if-env-changed=GLSLC");
     if std::env::var_os("CARGO_FEATURE_VULKAN").is_none() {
