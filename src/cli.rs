@@ -268,6 +268,11 @@ pub struct GenerateArgs {
     /// Prefill strategy.
     #[arg(long, value_enum, default_value_t = PrefillMode::LayerMajor)]
     pub prefill: PrefillMode,
+    /// Print where the time goes (per phase of the layer loop, prefill and decode
+    /// separately: host timers, and device timestamps and waits on Vulkan) to stderr, and
+    /// with --json add it to the stats.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// Engine settings shared by the commands that run a model.

@@ -57,6 +57,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if args.trace_out.is_some() {
         fwd.enable_trace();
     }
+    if args.profile {
+        fwd.set_profiling(true)?;
+    }
     let mut kv = fwd.new_kv()?;
     let mut detok = tok.as_ref().map(Detokenizer::new);
     let mut ids = Vec::new();
@@ -105,6 +108,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     if let Some(path) = &args.trace_out {
         write_trace(path, &fwd.take_trace())?;
+    }
+    let profile = fwd.profile();
+    if let Some(p) = &profile {
+        eprint!("{p}");
     }
     let ring = engine.ring.stats();
     let manifest = engine.vault.manifest();
@@ -161,6 +168,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "bytes_per_expert": manifest.experts.mean_blob_len(),
                 "ring_slot_bytes": engine.vault.max_blob_stride(),
                 "format_mix": manifest.format_mix(),
+                "profile": profile,
             }
         });
         writeln!(out, "{v}")?;

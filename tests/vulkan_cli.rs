@@ -108,3 +108,35 @@ fn a_ring_of_size_classes_runs_on_vulkan_as_on_cpu() {
     let out = vulkan_matches_cpu(dir.path(), &vault, &[1, 2, 3, 4], 4, &["--ring-slots", "6"]);
     assert_eq!(out["stats"]["ring_classes"].as_array().unwrap().len(), 2, "{out}");
 }
+
+#[test]
+fn the_phase_profile_times_every_phase_and_changes_no_byte() {
+    // `generate --profile` on both backends: the same ids and logits as the CPU within
+    // 1e-4, the Vulkan logits byte-identical to a run without the profile, and a profile
+    // with host times on both and device times (lavapipe writes timestamps) on Vulkan.
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 448).collect();
+    let flags = ["--profile", "--chunk-size", "4"];
+    let out = vulkan_matches_cpu(dir.path(), &vault, &prompt, 3, &flags);
+    let profiled = read_f32(&dir.path().join("vulkan.safetensors"), "logits").1;
+    let plain = dir.path().join("plain.safetensors");
+    generate_json(&vault, &prompt, 3, &plain, &["--backend", "vulkan", "--chunk-size", "4"]);
+    let plain = read_f32(&plain, "logits").1;
+    assert!(
+        profiled.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the profile changed logits"
+    );
+    let p = &out["stats"]["profile"];
+    assert_eq!(p["device_timed"], true, "{p}");
+    for (regime, blocks) in [(0, 3), (1, 3)] {
+        let r = &p["regimes"][regime];
+        assert_eq!(r["blocks"], blocks, "{r}");
+        // Phases in `Phase::ALL` order: attention 2, router gate 4, expert dispatches 9.
+        for phase in [2, 4, 9] {
+            let t = &r["phases"][phase];
+            assert!(t["calls"].as_u64().unwrap() > 0 && t["device"].as_f64().unwrap() > 0.0, "{phase}: {t}");
+        }
+        assert!(r["phases"][4]["wait"].as_f64().unwrap() > 0.0, "the router gate waits for the device: {r}");
+    }
+}

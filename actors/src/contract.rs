@@ -20,6 +20,7 @@ use std::sync::Arc;
 use smoe_proto::{ClaimEvent, ClaimTally, ExpertHandle, GateInput, RouteJob, VaultError};
 
 use crate::model::Model;
+use crate::profile::{Phase, PhaseProfile, Regime};
 use crate::vault::TensorRef;
 
 /// An activation plane: one row per token of the block.
@@ -204,6 +205,18 @@ pub trait Backend {
     /// After a failure: discards what was recorded and waits for the work in flight, so
     /// every blob handed to [`Backend::experts`] may be released.
     fn abandon(&mut self);
+    /// Profiling: the operations that follow belong to `phase` of a block in `regime`.
+    /// A backend that times the device marks it there; the default does nothing.
+    fn phase(&mut self, _regime: Regime, _phase: Phase) -> Result<(), ForwardError> {
+        Ok(())
+    }
+    /// Turns device timing on or off; says whether this backend times the device.
+    fn set_device_timing(&mut self, _on: bool) -> Result<bool, ForwardError> {
+        Ok(false)
+    }
+    /// Adds the device times and host waits measured since the last call to `into`
+    /// (everything recorded has run: called after a sync point).
+    fn take_device_times(&mut self, _into: &mut PhaseProfile) {}
 }
 
 /// What every backend's forward pass offers the generation loop and the scheduler: run
@@ -235,4 +248,8 @@ pub trait ForwardPass: Send {
     fn enable_trace(&mut self);
     /// The claims recorded since the last call.
     fn take_trace(&mut self) -> Vec<ClaimEvent>;
+    /// Starts (or stops) the phase profile ([`crate::profile`]); starting clears it.
+    fn set_profiling(&mut self, on: bool) -> Result<(), ForwardError>;
+    /// The phase profile since profiling started (`None` when it is off).
+    fn profile(&mut self) -> Option<PhaseProfile>;
 }

@@ -13,6 +13,7 @@ pub mod executor;
 pub mod generation;
 pub mod mailbox;
 pub mod model;
+pub mod profile;
 pub mod ring;
 pub mod router;
 pub mod sampler;

@@ -5,6 +5,7 @@
 
 pub mod moe;
 mod pass;
+mod profile;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use crate::contract::{ForwardError, ForwardPass, KvState};
 use crate::cpu::{CpuBackend, KvCache};
 use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::model::Model;
+use crate::profile::PhaseProfile;
 use crate::ring::memory::HostAllocator;
 
 /// Which compute backend runs the math (config key and flag `backend`).
@@ -205,5 +207,11 @@ impl ForwardPass for Executor {
     }
     fn take_trace(&mut self) -> Vec<ClaimEvent> {
         each!(self, f => f.take_trace())
+    }
+    fn set_profiling(&mut self, on: bool) -> Result<(), ForwardError> {
+        each!(self, f => f.set_profiling(on))
+    }
+    fn profile(&mut self) -> Option<PhaseProfile> {
+        each!(self, f => f.profile())
     }
 }

@@ -2,12 +2,15 @@
 //! operations, with the MoE step's state, for blocks of up to `max_rows` tokens.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use smoe_proto::{ClaimEvent, ClaimTally, ExpertSource};
 
 use super::moe::MoeStep;
+use super::profile::Profiled;
 use crate::contract::{Backend, ForwardError, ForwardPass, KvState};
 use crate::model::{qwen3_moe, Model};
+use crate::profile::{PhaseProfile, Regime};
 
 /// The model definition over backend `B`.
 pub struct Pass<B: Backend> {
@@ -15,6 +18,8 @@ pub struct Pass<B: Backend> {
     moe: MoeStep,
     model: Arc<Model>,
     max_rows: usize,
+    /// The phase profile, while profiling.
+    profile: Option<PhaseProfile>,
 }
 
 impl<B: Backend> Pass<B> {
@@ -29,7 +34,7 @@ impl<B: Backend> Pass<B> {
     ) -> Self {
         let max_rows = max_rows.max(1);
         let moe = MoeStep::new(&model, experts, max_rows, hold_limits);
-        Pass { backend, moe, model, max_rows }
+        Pass { backend, moe, model, max_rows, profile: None }
     }
 
     /// A new, empty cache for one session on this pass's backend.
@@ -61,7 +66,39 @@ impl<B: Backend> Pass<B> {
         want_logits: bool,
     ) -> Result<Option<&[f32]>, ForwardError> {
         self.model.check_block(kv.len(), tokens, self.max_rows)?;
-        qwen3_moe::forward(&mut self.backend, &mut self.moe, &self.model, kv, tokens, want_logits)
+        let Some(profile) = self.profile.as_mut() else {
+            return qwen3_moe::forward(
+                &mut self.backend,
+                &mut self.moe,
+                &self.model,
+                kv,
+                tokens,
+                want_logits,
+            );
+        };
+        let t = Instant::now();
+        let mut timed = Profiled::new(&mut self.backend, profile, tokens.len());
+        let run = qwen3_moe::forward(&mut timed, &mut self.moe, &self.model, kv, tokens, want_logits)
+            .map(|l| l.is_some());
+        self.backend.take_device_times(profile);
+        let r = profile.regime_mut(Regime::of(tokens.len()));
+        r.wall += t.elapsed();
+        r.blocks += 1;
+        r.tokens += tokens.len() as u64;
+        Ok(run?.then(|| self.backend.last_logits()))
+    }
+
+    /// Starts (clearing it) or stops the phase profile, with device timing where the
+    /// backend has it.
+    pub fn set_profiling(&mut self, on: bool) -> Result<(), ForwardError> {
+        let device_timed = self.backend.set_device_timing(on)?;
+        self.profile = on.then(|| PhaseProfile { device_timed, ..Default::default() });
+        Ok(())
+    }
+
+    /// The phase profile since profiling started (`None` when it is off).
+    pub fn profile(&self) -> Option<PhaseProfile> {
+        self.profile.clone()
     }
 }
 
@@ -98,5 +135,11 @@ impl<B: Backend + Send> ForwardPass for Pass<B> {
     }
     fn take_trace(&mut self) -> Vec<ClaimEvent> {
         self.moe.take_trace()
+    }
+    fn set_profiling(&mut self, on: bool) -> Result<(), ForwardError> {
+        Pass::set_profiling(self, on)
+    }
+    fn profile(&mut self) -> Option<PhaseProfile> {
+        Pass::profile(self)
     }
 }

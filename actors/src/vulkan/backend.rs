@@ -4,6 +4,7 @@
 //! per MoE layer (the router's logits come back) and one at the end of a pass.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use smoe_proto::{ExpertHandle, GateInput, RouteJob};
 use vulkano::buffer::{BufferUsage, Subbuffer};
@@ -19,10 +20,12 @@ use super::experts::{ExpertPath, ExpertState};
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
 use super::record::{MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
+use super::timing::DeviceTimer;
 use super::weights::{device_embeds, DeviceModel};
 use super::VulkanError;
 use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
 use crate::model::Model;
+use crate::profile::{Phase, PhaseProfile, Regime};
 use crate::vault::TensorRef;
 
 /// Device state of one forward pass (lives on the executor thread).
@@ -48,6 +51,8 @@ pub struct VulkanBackend {
     logits: Vec<f32>,
     /// The routing buffer and expert-blob bindings.
     pub(super) ex: ExpertState,
+    /// Device timestamps, while profiling.
+    pub(super) timer: Option<DeviceTimer>,
 }
 
 impl VulkanBackend {
@@ -91,6 +96,7 @@ impl VulkanBackend {
             pending: None,
             logits: Vec::with_capacity(c.vocab_size),
             ex,
+            timer: None,
             kernels,
             ctx,
             model,
@@ -124,7 +130,10 @@ impl VulkanBackend {
     /// the submission stays in flight and the next one is ordered after it.
     pub(super) fn submit(&mut self, wait: bool) -> Result<(), VulkanError> {
         self.rec()?;
-        let rec = self.rec.take().expect("just started");
+        let mut rec = self.rec.take().expect("just started");
+        if let Some(t) = self.timer.as_mut() {
+            t.end(&mut rec.cb)?;
+        }
         let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
         let e = verr("running a layer step");
         let now = || vulkano::sync::now(self.ctx.device.clone()).boxed();
@@ -143,10 +152,13 @@ impl VulkanBackend {
         };
         let run = start.then_execute(self.ctx.compute.clone(), cb).map_err(&e)?;
         if wait {
-            run.then_signal_fence_and_flush()
-                .map_err(verr("submitting a layer step"))?
-                .wait(None)
-                .map_err(verr("waiting for a layer step"))?;
+            let fence = run.then_signal_fence_and_flush().map_err(verr("submitting a layer step"))?;
+            let t = Instant::now();
+            fence.wait(None).map_err(verr("waiting for a layer step"))?;
+            if let Some(timer) = self.timer.as_mut() {
+                timer.waited(t.elapsed());
+                timer.collect()?;
+            }
         } else {
             let f = run.then_signal_semaphore_and_flush().map_err(verr("submitting a layer step"))?;
             self.pending = Some(f.boxed());
@@ -406,5 +418,32 @@ impl Backend for VulkanBackend {
         // Dropping the work in flight waits for it, so no kernel or upload still reads a
         // blob whose handle goes next.
         self.pending = None;
+        if let Some(t) = self.timer.as_mut() {
+            t.discard();
+            if let Err(e) = t.collect() {
+                tracing::warn!("profile: dropping device timing after a failed pass: {e}");
+                self.timer = None;
+            }
+        }
+    }
+
+    fn phase(&mut self, regime: Regime, phase: Phase) -> Result<(), ForwardError> {
+        if self.timer.is_some() {
+            self.rec()?;
+            let (t, rec) = (self.timer.as_mut().expect("checked"), self.rec.as_mut().expect("started"));
+            t.enter(regime, phase, &mut rec.cb)?;
+        }
+        Ok(())
+    }
+
+    fn set_device_timing(&mut self, on: bool) -> Result<bool, ForwardError> {
+        self.timer = if on { DeviceTimer::new(&self.ctx)? } else { None };
+        Ok(self.timer.is_some())
+    }
+
+    fn take_device_times(&mut self, into: &mut PhaseProfile) {
+        if let Some(t) = self.timer.as_mut() {
+            t.take(into);
+        }
     }
 }

@@ -186,13 +186,19 @@ impl VulkanContext {
         // driver offers them; no pipeline of the backend asks for them.
         let stats = p.supported_extensions().khr_pipeline_executable_properties
             && p.supported_features().pipeline_executable_info;
+        // Host resets of timestamp queries, for the phase profile's device times.
+        let host_query_reset = p.supported_features().host_query_reset;
         let create = DeviceCreateInfo {
             queue_create_infos,
             enabled_extensions: DeviceExtensions {
                 khr_pipeline_executable_properties: stats,
                 ..DeviceExtensions::empty()
             },
-            enabled_features: DeviceFeatures { pipeline_executable_info: stats, ..DeviceFeatures::empty() },
+            enabled_features: DeviceFeatures {
+                pipeline_executable_info: stats,
+                host_query_reset,
+                ..DeviceFeatures::empty()
+            },
             ..Default::default()
         };
         let (device, mut queues) = Device::new(p, create)

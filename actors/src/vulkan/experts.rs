@@ -247,14 +247,18 @@ impl VulkanBackend {
                     Some(t) => t,
                     None => {
                         let q = self.ctx.transfer.as_ref().unwrap_or(&self.ctx.compute);
-                        transfer.insert(
+                        let t = transfer.insert(
                             AutoCommandBufferBuilder::primary(
                                 self.ctx.commands.clone(),
                                 q.queue_family_index(),
                                 CommandBufferUsage::OneTimeSubmit,
                             )
                             .map_err(verr("recording a staging upload"))?,
-                        )
+                        );
+                        if let Some(timer) = self.timer.as_mut() {
+                            timer.mark_upload(t)?;
+                        }
+                        t
                     }
                 };
                 tcb.copy_buffer(CopyBufferInfo::buffers(src, dst.clone()))
@@ -336,7 +340,12 @@ impl VulkanBackend {
         self.ex.blobs = blobs;
         self.ex.order = order;
         match transfer {
-            Some(t) => Ok(Some(t.build().map_err(verr("recording a staging upload"))?)),
+            Some(mut t) => {
+                if let Some(timer) = self.timer.as_mut() {
+                    timer.end_upload(&mut t)?;
+                }
+                Ok(Some(t.build().map_err(verr("recording a staging upload"))?))
+            }
             None => Ok(None),
         }
     }

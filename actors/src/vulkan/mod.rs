@@ -24,6 +24,7 @@ mod kv;
 mod pipelines;
 pub mod record;
 mod thread;
+mod timing;
 mod weights;
 
 #[cfg(feature = "test-harness")]

@@ -17,6 +17,7 @@ use crate::engine::Engine;
 use crate::executor::Pass;
 use crate::mailbox::{SpawnError, ThreadActor};
 use crate::model::Model;
+use crate::profile::PhaseProfile;
 
 /// A request to the executor thread.
 enum Job {
@@ -34,6 +35,10 @@ enum Job {
     },
     NewKv,
     ExpertPath(ExpertPath),
+    /// Start or stop the phase profile.
+    SetProfiling(bool),
+    /// Send the phase profile.
+    Profile,
 }
 
 /// The executor thread's answer.
@@ -49,6 +54,8 @@ enum Reply {
     },
     NewKv(Result<VulkanKvCache, ForwardError>),
     ExpertPath(Result<(), VulkanError>),
+    SetProfiling(Result<(), ForwardError>),
+    Profile(Option<PhaseProfile>),
 }
 
 /// What the executor thread owns: the pass over the device.
@@ -81,6 +88,8 @@ fn serve(ex: &mut Worker, job: Job) -> Reply {
         }
         Job::NewKv => Reply::NewKv(ex.pass.new_kv()),
         Job::ExpertPath(p) => Reply::ExpertPath(ex.pass.backend_mut().set_path(p)),
+        Job::SetProfiling(on) => Reply::SetProfiling(ex.pass.set_profiling(on)),
+        Job::Profile => Reply::Profile(ex.pass.profile()),
     }
 }
 
@@ -232,5 +241,17 @@ impl ForwardPass for VulkanPass {
     }
     fn take_trace(&mut self) -> Vec<ClaimEvent> {
         self.trace.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+    fn set_profiling(&mut self, on: bool) -> Result<(), ForwardError> {
+        match self.actor.call(Job::SetProfiling(on)) {
+            Ok(Reply::SetProfiling(r)) => r,
+            _ => Err(VulkanError::ExecutorGone.into()),
+        }
+    }
+    fn profile(&mut self) -> Option<PhaseProfile> {
+        match self.actor.call(Job::Profile) {
+            Ok(Reply::Profile(p)) => p,
+            _ => None,
+        }
     }
 }
