@@ -161,6 +161,10 @@ pub struct VerifyArgs {
     /// Ring slots (default: 4 GiB worth, at most every expert).
     #[arg(long)]
     pub ring_slots: Option<usize>,
+    /// VRAM tier of each Vulkan pass (serial and each chunk size), with an optional
+    /// unit: device-local copies of the experts the kernels multiply (default: off).
+    #[arg(long)]
+    pub vram_bytes: Option<ByteSize>,
     /// I/O path: auto, io-uring or pread.
     #[arg(long, default_value = "auto")]
     pub io: smoe_actors::streamer::IoChoice,
@@ -287,6 +291,11 @@ pub struct EngineArgs {
     /// Ring size (alternative to --ring-slots), with an optional unit: 4096, 512MiB, 12G.
     #[arg(long)]
     pub ring_bytes: Option<ByteSize>,
+    /// Vulkan VRAM tier (device-local copies of experts, filled from the ring), with an
+    /// optional unit; 0 turns it off. Default: what the device can spare (off where the
+    /// GPU's memory is the host's).
+    #[arg(long)]
+    pub vram_bytes: Option<ByteSize>,
     /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread.
     #[arg(long, default_value = "auto")]
     pub io: smoe_actors::streamer::IoChoice,
@@ -362,6 +371,9 @@ pub struct ServeArgs {
     /// Ring size, with an optional unit: 4096, 512MiB, 12G.
     #[arg(long)]
     pub ring_bytes: Option<ByteSize>,
+    /// Vulkan VRAM tier size, with an optional unit (0: off).
+    #[arg(long)]
+    pub vram_bytes: Option<ByteSize>,
     /// I/O path: auto, io-uring or pread.
     #[arg(long)]
     pub io: Option<String>,

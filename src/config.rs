@@ -45,6 +45,12 @@ pub struct Config {
     /// the memory available when neither ring key is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_bytes: Option<ByteSize>,
+    /// The Vulkan backend's VRAM tier (device-local copies of the experts it multiplies,
+    /// filled from the ring), in bytes or with a unit; 0 turns it off. Default: what the
+    /// device can spare beside the dense weights, activations, the KV caches of
+    /// `max_sessions` sessions and a margin (off where the GPU's memory is the host's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vram_bytes: Option<ByteSize>,
     /// I/O path: `auto`, `io-uring` or `pread`.
     pub io: String,
     /// Reads in flight (io_uring) or reader threads (pread).
@@ -131,6 +137,7 @@ impl Default for Config {
             max_context: 8192,
             ring_slots: None,
             ring_bytes: None,
+            vram_bytes: None,
             io: "auto".into(),
             queue_depth: 8,
             chunk_size: 512,
@@ -220,6 +227,9 @@ impl Config {
             self.ring_bytes = a.ring_bytes;
             self.ring_slots = None;
         }
+        if a.vram_bytes.is_some() {
+            self.vram_bytes = a.vram_bytes;
+        }
         set(&mut self.listen, &a.listen);
         set(&mut self.log_level, &a.log_level);
         set(&mut self.backend, &a.backend);
@@ -308,6 +318,7 @@ impl Config {
             max_context: self.max_context,
             ring_slots: self.ring_slots,
             ring_bytes: self.ring_bytes,
+            vram_bytes: self.vram_bytes,
             io: self.io.parse().map_err(|e| anyhow!("invalid config: `io`: {e}"))?,
             queue_depth: self.queue_depth,
             chunk_size: self.chunk_size,

@@ -10,7 +10,7 @@ use serde_json::json;
 use smoe_actors::contract::ForwardPass;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::sampler::SamplingParams;
-use smoe_proto::stats::SLOT_STATES;
+use smoe_proto::stats::{SLOT_STATES, VRAM_SLOT_STATES};
 
 use crate::cli::{GenerateArgs, PrefillMode};
 use crate::settings::EngineSettings;
@@ -120,12 +120,18 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let union_max = all.iter().copied().max().unwrap_or(0);
     let slot_states: serde_json::Map<String, serde_json::Value> =
         SLOT_STATES.iter().zip(ring.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
+    // The VRAM tier (Vulkan, when on; else null): hits + fills = the expert claims.
+    let vram = fwd.vram().map(|v| {
+        let slots: serde_json::Map<String, serde_json::Value> =
+            VRAM_SLOT_STATES.iter().zip(v.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
+        json!({"bytes": v.bytes, "hits": v.hits, "fills": v.fills, "evictions": v.evictions, "slots": slots})
+    });
     let text = match &detok {
         Some(d) => d.text()?,
         None => String::new(),
     };
     if args.json {
-        let v = json!({
+        let mut v = json!({
             "prompt_ids": prompt,
             "token_ids": ids,
             "text": text,
@@ -171,6 +177,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "profile": profile,
             }
         });
+        v["stats"]["vram"] = vram.unwrap_or(serde_json::Value::Null);
         writeln!(out, "{v}")?;
     } else if detok.is_none() {
         writeln!(out, "{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))?;

@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
+use smoe_actors::engine::{EngineOptions, RingSize, VramSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::BackendKind;
 use smoe_actors::ring::budget::{self, RingBudget, RingNeeds};
 use smoe_actors::streamer::{IoChoice, StreamerOptions};
@@ -158,6 +158,8 @@ pub struct EngineSettings {
     pub ring_slots: Option<usize>,
     /// Ring bytes, if given.
     pub ring_bytes: Option<ByteSize>,
+    /// Bytes of the Vulkan backend's VRAM tier, if given.
+    pub vram_bytes: Option<ByteSize>,
     /// I/O path.
     pub io: IoChoice,
     /// Reads in flight or reader threads.
@@ -193,7 +195,7 @@ impl EngineSettings {
     }
 
     /// Engine options (validated first) for the vault in `vault`, whose KV caches are
-    /// kept for `sessions` sessions. Without `ring_slots` or `ring_bytes` the ring is
+    /// kept for `sessions` sessions (also on the device, beside the VRAM tier). Without `ring_slots` or `ring_bytes` the ring is
     /// sized from the memory available ([`RingBudget`]; the arithmetic is logged), and
     /// refused when not even one slot fits.
     pub fn engine_options(&self, vault: &Path, sessions: usize) -> Result<EngineOptions> {
@@ -203,10 +205,15 @@ impl EngineSettings {
             (None, Some(b)) => RingSize::Bytes(b.0),
             (None, None) => self.default_ring(vault, sessions)?,
         };
+        if self.vram_bytes.is_some() && self.backend != BackendKind::Vulkan {
+            tracing::warn!("{} sizes the Vulkan backend's VRAM tier: ignored on the CPU", name("vram_bytes"));
+        }
         Ok(EngineOptions {
             max_context: self.max_context,
             ring,
             streamer: StreamerOptions { io: self.io, queue_depth: self.queue_depth, fault: None },
+            // Unset: what the device can spare beside the sessions' KV caches.
+            vram: self.vram_bytes.map_or(VramSize::Auto { sessions }, |b| VramSize::Bytes(b.0)),
         })
     }
 
@@ -245,6 +252,7 @@ impl From<&EngineArgs> for EngineSettings {
             max_context: a.max_context,
             ring_slots: a.ring_slots,
             ring_bytes: a.ring_bytes,
+            vram_bytes: a.vram_bytes,
             io: a.io,
             queue_depth: a.queue_depth,
             chunk_size: a.chunk_size,

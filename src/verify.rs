@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use smoe_actors::contract::ForwardPass;
-use smoe_actors::engine::{EngineOptions, RingSize, DEFAULT_RING_BYTES};
+use smoe_actors::engine::{EngineOptions, RingSize, VramSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::Executor;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::sampler::SamplingParams;
@@ -110,6 +110,7 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
         max_context: longest + args.tokens,
         ring: args.ring_slots.map_or(RingSize::Bytes(DEFAULT_RING_BYTES), RingSize::Slots),
         streamer: StreamerOptions { io: args.io, ..Default::default() },
+        vram: VramSize::Bytes(args.vram_bytes.map_or(0, |b| b.0)),
     };
     // Token-serial replay (blocks of one) and one layer-major pass per chunk size, all
     // on the same backend and sharing one engine's ring.

@@ -175,15 +175,13 @@ fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
     use smoe_actors::generation::{generate, GenerateRequest};
     use smoe_actors::ring::memory::HostAllocator;
     use smoe_actors::sampler::SamplingParams;
-    use smoe_actors::streamer::StreamerOptions;
     use smoe_proto::FinishReason;
 
     let dir = tempfile::tempdir().unwrap();
     let vault = convert("moe_all", dir.path(), &[]);
     let (prompt, greedy) = golden_cases("moe_all").remove(1);
     assert!(prompt.len() > 9, "the case needs a few chunks of 4");
-    let opts =
-        EngineOptions { max_context: 256, ring: RingSize::Slots(64), streamer: StreamerOptions::default() };
+    let opts = EngineOptions { max_context: 256, ring: RingSize::Slots(64), ..Default::default() };
     let engine = Engine::open(&vault, &opts, &HostAllocator).unwrap();
     let mut fwd = smoe_actors::executor::cpu_pass(&engine, 4);
     let req = GenerateRequest {

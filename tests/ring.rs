@@ -28,6 +28,7 @@ fn open(vault: &Path, slots: usize, io: IoChoice, fault: Option<Arc<FaultInjecto
         max_context: 256,
         ring: RingSize::Slots(slots),
         streamer: StreamerOptions { io, queue_depth: 4, fault },
+        ..Default::default()
     };
     Engine::open(vault, &opts, &HostAllocator).expect("engine opens")
 }

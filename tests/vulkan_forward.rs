@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::*;
 use smoe_actors::contract::{ForwardPass, KvState};
-use smoe_actors::engine::{Engine, EngineOptions, RingSize};
+use smoe_actors::engine::{Engine, EngineOptions, RingSize, VramSize};
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanPass};
 
@@ -61,7 +61,8 @@ fn max_diff(a: &[Vec<f32>], b: &[f32]) -> f32 {
 fn open(ctx: &Arc<VulkanContext>, vault: &Path, slots: usize, max_rows: usize) -> (Engine, VulkanPass) {
     let alloc = VulkanAllocator::new(ctx.clone());
     let engine = Engine::open(vault, &opts(slots), &alloc).unwrap();
-    let fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, max_rows).unwrap();
+    // These tests pick the expert paths; the VRAM tier (which replaces them) is off.
+    let fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, max_rows, VramSize::Bytes(0)).unwrap();
     (engine, fwd)
 }
 

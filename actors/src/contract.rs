@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use smoe_proto::{ClaimEvent, ClaimTally, ExpertHandle, GateInput, RouteJob, VaultError};
+use smoe_proto::{ClaimEvent, ClaimTally, ExpertHandle, GateInput, RouteJob, VaultError, VramSnapshot};
 
 use crate::model::Model;
 use crate::profile::{Phase, PhaseProfile, Regime};
@@ -242,6 +242,11 @@ pub trait ForwardPass: Send {
     fn last_union_sizes(&self) -> &[usize];
     /// Claim accounting since creation.
     fn tally(&self) -> ClaimTally;
+    /// The VRAM tier's counters and slot states, where the backend has a tier and it is
+    /// on.
+    fn vram(&self) -> Option<VramSnapshot> {
+        None
+    }
     /// Speculative prefetch depth for single-token steps.
     fn set_spec_depth(&mut self, depth: usize);
     /// Starts recording expert claims.

@@ -17,6 +17,23 @@ pub use crate::ring::RingSize;
 /// Default ring budget when none is configured.
 pub const DEFAULT_RING_BYTES: u64 = 4 << 30;
 
+/// How much device memory the Vulkan backend's VRAM tier (device-local copies of the
+/// experts its kernels multiply) takes: config key and flag `vram_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VramSize {
+    /// What the device can spare: its device-local heap minus what the pass holds
+    /// (dense weights, activations, staging), the KV caches of `sessions` sessions and a
+    /// margin of max(512 MiB, 5% of the heap). None on a device whose memory is the
+    /// host's (integrated GPUs, lavapipe), where kernels already read ring slots at
+    /// memory speed.
+    Auto {
+        /// Sessions whose KV caches the device must still hold.
+        sessions: usize,
+    },
+    /// Exactly this many bytes (at most every expert's copy; 0 turns the tier off).
+    Bytes(u64),
+}
+
 /// Settings of an engine.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -26,6 +43,8 @@ pub struct EngineOptions {
     pub ring: RingSize,
     /// Streamer settings.
     pub streamer: StreamerOptions,
+    /// The VRAM tier of a Vulkan pass (the CPU backend has none).
+    pub vram: VramSize,
 }
 
 impl Default for EngineOptions {
@@ -34,6 +53,7 @@ impl Default for EngineOptions {
             max_context: 8192,
             ring: RingSize::Bytes(DEFAULT_RING_BYTES),
             streamer: StreamerOptions::default(),
+            vram: VramSize::Auto { sessions: 1 },
         }
     }
 }

@@ -21,7 +21,7 @@ pub use job::{FinishReason, GenerateStats, JobEvent, JobFailure};
 pub use messages::{ClaimEvent, ClaimInfo, ClaimTally, Priority, ReadRequest};
 pub use model_config::ModelConfig;
 pub use route::{GateInput, RouteJob};
-pub use stats::RingSnapshot;
+pub use stats::{RingSnapshot, VramSnapshot};
 pub use vault_format::{
     align_up, human_bytes, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, FormatShare,
     LayerBlobs, Manifest, PartLayout, ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,

@@ -19,6 +19,21 @@ pub const SPEC_BETS: &str = "smoe_spec_bets_total";
 /// Counter: speculative expert reads that a claim later used.
 pub const SPEC_BETS_USED: &str = "smoe_spec_bets_used_total";
 
+// The Vulkan backend's VRAM tier (device-memory copies of experts).
+
+/// Counter: expert claims whose kernels read the expert's copy already in the VRAM tier.
+pub const VRAM_HITS: &str = "smoe_vram_hits_total";
+/// Counter: experts copied from their ring slot into the VRAM tier (a claim the tier
+/// did not hold); hits + fills = expert claims on the GPU while the tier is on.
+pub const VRAM_FILLS: &str = "smoe_vram_fills_total";
+/// Counter: VRAM tier slots that held an expert and were refilled with another.
+pub const VRAM_EVICTIONS: &str = "smoe_vram_evictions_total";
+/// Gauge: VRAM tier slots per state; label [`LABEL_STATE`], one of
+/// [`VRAM_SLOT_STATES`](crate::stats::VRAM_SLOT_STATES).
+pub const VRAM_SLOTS: &str = "smoe_vram_slots";
+/// Gauge: bytes of device memory the VRAM tier holds (0: the tier is off).
+pub const VRAM_BYTES: &str = "smoe_vram_bytes";
+
 // Streamer.
 
 /// Counter: bytes read from the vault (demand and speculative).
@@ -85,7 +100,7 @@ pub const REQUESTS: &str = "smoe_requests_total";
 
 // Labels.
 
-/// Label of [`RING_SLOTS`]: the slot state.
+/// Label of [`RING_SLOTS`] and [`VRAM_SLOTS`]: the slot state.
 pub const LABEL_STATE: &str = "state";
 /// Label of [`IO_QUEUE_DEPTH`]: the queue.
 pub const LABEL_QUEUE: &str = "queue";

@@ -10,6 +10,27 @@ pub const SLOT_STATES: [&str; 4] = ["empty", "loading", "ready", "consumed"];
 /// demand reads are always served before speculative ones.
 pub const IO_QUEUES: [&str; 2] = ["demand", "speculative"];
 
+/// Names of the VRAM tier's slot states, indexed as [`VramSnapshot::slots`] is: empty
+/// (never filled, or dropped after a failed pass), filled (holds an expert, idle), in use
+/// (read or written by device work the host has not yet waited for).
+pub const VRAM_SLOT_STATES: [&str; 3] = ["empty", "filled", "in_use"];
+
+/// The Vulkan backend's VRAM tier at one moment: counters (monotonic since the pass
+/// started) and levels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VramSnapshot {
+    /// Expert claims whose kernels read the copy the tier held.
+    pub hits: u64,
+    /// Experts copied from their ring slot into the tier.
+    pub fills: u64,
+    /// Slots refilled with another expert.
+    pub evictions: u64,
+    /// Slots per state, indexed as [`VRAM_SLOT_STATES`].
+    pub slots: [u64; 3],
+    /// Device memory the tier's slots take, in bytes.
+    pub bytes: u64,
+}
+
 /// The ring cache and its streamer at one moment: counters (monotonic since start) and
 /// levels (`slots`, `io_queue_depth`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]

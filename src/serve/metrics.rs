@@ -15,7 +15,7 @@ use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use smoe_actors::ring::RingCache;
 use smoe_proto::metric_names::*;
-use smoe_proto::stats::{IO_QUEUES, SLOT_STATES};
+use smoe_proto::stats::{IO_QUEUES, SLOT_STATES, VRAM_SLOT_STATES};
 use smoe_proto::Manifest;
 
 use super::state::AppState;
@@ -42,6 +42,9 @@ const COUNTERS: &[(&str, Unit, &str)] = &[
     (READ_ERRORS, Unit::Count, "Expert reads that failed"),
     (SPEC_BETS, Unit::Count, "Speculative expert reads issued"),
     (SPEC_BETS_USED, Unit::Count, "Speculative expert reads later claimed"),
+    (VRAM_HITS, Unit::Count, "Expert claims read from the copy the VRAM tier held"),
+    (VRAM_FILLS, Unit::Count, "Experts copied from the ring into the VRAM tier"),
+    (VRAM_EVICTIONS, Unit::Count, "VRAM tier slots refilled with another expert"),
     (PREFILL_TOKENS, Unit::Count, "Prompt tokens run through the model (suffix beyond the reused prefix)"),
     (DECODE_TOKENS, Unit::Count, "Tokens generated"),
     (CACHED_PROMPT_TOKENS, Unit::Count, "Prompt tokens reused from a stored session instead of prefilled"),
@@ -83,6 +86,15 @@ pub fn install() -> Result<PrometheusHandle> {
     for state in SLOT_STATES {
         metrics::gauge!(RING_SLOTS, LABEL_STATE => state).set(0.0);
     }
+    metrics::describe_gauge!(
+        VRAM_SLOTS,
+        "VRAM tier slots by state (empty, filled, in_use: read or written by device work in flight)"
+    );
+    for state in VRAM_SLOT_STATES {
+        metrics::gauge!(VRAM_SLOTS, LABEL_STATE => state).set(0.0);
+    }
+    metrics::describe_gauge!(VRAM_BYTES, Unit::Bytes, "Device memory of the VRAM tier (0: off)");
+    metrics::gauge!(VRAM_BYTES).set(0.0);
     metrics::describe_gauge!(IO_QUEUE_DEPTH, "Reads queued by queue (demand, speculative)");
     for queue in IO_QUEUES {
         metrics::gauge!(IO_QUEUE_DEPTH, LABEL_QUEUE => queue).set(0.0);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 pub use pass::Pass;
 
-use smoe_proto::{ClaimEvent, ClaimTally};
+use smoe_proto::{ClaimEvent, ClaimTally, VramSnapshot};
 
 use crate::contract::{ForwardError, ForwardPass, KvState};
 use crate::cpu::{CpuBackend, KvCache};
@@ -107,7 +107,7 @@ impl Executor {
                 let ctx = VulkanContext::new(device)?;
                 let alloc = VulkanAllocator::new(ctx.clone());
                 let engine = Engine::open(dir, opts, &alloc)?;
-                let pass = VulkanPass::for_engine(ctx, &alloc, &engine, max_rows)?;
+                let pass = VulkanPass::for_engine(ctx, &alloc, &engine, max_rows, opts.vram)?;
                 Ok((engine, Executor::Vulkan(Box::new(pass))))
             }
             #[cfg(not(feature = "vulkan"))]
@@ -198,6 +198,9 @@ impl ForwardPass for Executor {
     }
     fn tally(&self) -> ClaimTally {
         each!(self, f => f.tally())
+    }
+    fn vram(&self) -> Option<VramSnapshot> {
+        each!(self, f => f.vram())
     }
     fn set_spec_depth(&mut self, depth: usize) {
         each!(self, f => f.set_spec_depth(depth))

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use smoe_proto::{ExpertHandle, GateInput, RouteJob};
+use smoe_proto::{ExpertHandle, GateInput, RouteJob, VramSnapshot};
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{CommandBufferUsage, PrimaryAutoCommandBuffer};
 use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
@@ -21,9 +21,11 @@ use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
 use super::record::{MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
 use super::timing::DeviceTimer;
+use super::vram::VramTier;
 use super::weights::{device_embeds, DeviceModel};
 use super::VulkanError;
 use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
+use crate::engine::VramSize;
 use crate::model::Model;
 use crate::profile::{Phase, PhaseProfile, Regime};
 use crate::vault::TensorRef;
@@ -57,12 +59,14 @@ pub struct VulkanBackend {
 
 impl VulkanBackend {
     /// Uploads the resident weights of `model` and sizes everything for `max_rows`
-    /// tokens; `arenas` are the ring arenas whose slots kernels read in place.
+    /// tokens; `arenas` are the ring arenas whose slots kernels read in place; `vram`
+    /// sizes the VRAM tier.
     pub fn new(
         ctx: Arc<VulkanContext>,
         arenas: ArenaRegistry,
         model: Arc<Model>,
         max_rows: usize,
+        vram: VramSize,
     ) -> Result<VulkanBackend, VulkanError> {
         let c = model.cfg.clone();
         if c.head_dim > 512 {
@@ -72,7 +76,9 @@ impl VulkanBackend {
         let kernels = Arc::new(Kernels::new(&ctx.device, MatmulTuning::default())?);
         let a = Arena::new(&model, m)?;
         let act = device_buffer::<f32>(&ctx, a.len as u64, BufferUsage::STORAGE_BUFFER)?;
-        let ex = ExpertState::new(&ctx, &model, m, arenas)?;
+        let weights = DeviceModel::upload(&ctx, &kernels, &model)?;
+        let tier = VramTier::new(&ctx, &model, vram, weights.bytes() + act.size())?;
+        let ex = ExpertState::new(&ctx, &model, m, arenas, tier)?;
         let (io_router, io_logits) = (m * c.hidden_size, m * (c.hidden_size + c.num_experts));
         let io = host_buffer::<f32>(&ctx, (io_logits + c.vocab_size) as u64, BufferUsage::empty())?;
         let act_set = DescriptorSet::new(
@@ -82,7 +88,6 @@ impl VulkanBackend {
             [],
         )
         .map_err(verr("creating the activation set"))?;
-        let weights = DeviceModel::upload(&ctx, &kernels, &model)?;
         Ok(VulkanBackend {
             weights,
             a,
@@ -155,6 +160,9 @@ impl VulkanBackend {
             let fence = run.then_signal_fence_and_flush().map_err(verr("submitting a layer step"))?;
             let t = Instant::now();
             fence.wait(None).map_err(verr("waiting for a layer step"))?;
+            if let Some(v) = self.ex.vram.as_mut() {
+                v.settle();
+            }
             if let Some(timer) = self.timer.as_mut() {
                 timer.waited(t.elapsed());
                 timer.collect()?;
@@ -164,6 +172,22 @@ impl VulkanBackend {
             self.pending = Some(f.boxed());
         }
         Ok(())
+    }
+
+    /// While profiling, marks the start of `phase` (of a block in `regime`) in the
+    /// recording.
+    pub(super) fn mark(&mut self, regime: Regime, phase: Phase) -> Result<(), VulkanError> {
+        if self.timer.is_some() {
+            self.rec()?;
+            let (t, rec) = (self.timer.as_mut().expect("checked"), self.rec.as_mut().expect("started"));
+            t.enter(regime, phase, &mut rec.cb)?;
+        }
+        Ok(())
+    }
+
+    /// The VRAM tier's counters and slot states, when the tier is on.
+    pub fn vram(&self) -> Option<VramSnapshot> {
+        self.ex.vram.as_ref().map(VramTier::snapshot)
     }
 
     /// Matmul arguments reading plane `src` and writing plane `dst` for `rows` rows.
@@ -418,6 +442,9 @@ impl Backend for VulkanBackend {
         // Dropping the work in flight waits for it, so no kernel or upload still reads a
         // blob whose handle goes next.
         self.pending = None;
+        if let Some(v) = self.ex.vram.as_mut() {
+            v.abandon();
+        }
         if let Some(t) = self.timer.as_mut() {
             t.discard();
             if let Err(e) = t.collect() {
@@ -428,12 +455,7 @@ impl Backend for VulkanBackend {
     }
 
     fn phase(&mut self, regime: Regime, phase: Phase) -> Result<(), ForwardError> {
-        if self.timer.is_some() {
-            self.rec()?;
-            let (t, rec) = (self.timer.as_mut().expect("checked"), self.rec.as_mut().expect("started"));
-            t.enter(regime, phase, &mut rec.cb)?;
-        }
-        Ok(())
+        Ok(self.mark(regime, phase)?)
     }
 
     fn set_device_timing(&mut self, on: bool) -> Result<bool, ForwardError> {

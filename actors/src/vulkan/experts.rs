@@ -1,8 +1,9 @@
 //! The expert compute over a claimed union: the routing buffer (pair lists, routing
-//! weights, the expert table), where kernels read each claimed blob (the ring slot in
-//! place, or a staged copy in a device-local layer slot), and one gate/up plus one down
-//! dispatch per bound buffer window of experts. Staged prefill uploads the union in
-//! batches, each batch's upload overlapping the previous batch's kernels.
+//! weights, the expert table), where kernels read each claimed blob (its copy in the
+//! VRAM tier when the tier is on; else the ring slot in place, or a staged copy in a
+//! device-local layer slot), and one gate/up plus one down dispatch per bound buffer
+//! window of experts. Staged prefill uploads the union in batches, each batch's upload
+//! overlapping the previous batch's kernels.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,9 +20,11 @@ use super::backend::VulkanBackend;
 use super::buffers::{device_buffer, host_buffer, upload_buffer, verr};
 use super::context::VulkanContext;
 use super::record::{set0, weight_unit, MatmulArgs, Projection, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
+use super::vram::{Placement, VramTier};
 use super::VulkanError;
 use crate::contract::Plane;
 use crate::model::Model;
+use crate::profile::{Phase, Regime};
 
 /// Where expert kernels read the claimed blobs from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -69,6 +72,9 @@ pub struct ExpertState {
     stage: Option<[Subbuffer<[u8]>; 2]>,
     /// Where expert kernels read blobs (staging only where `stage` exists).
     path: ExpertPath,
+    /// The VRAM tier, when it is on: every block's experts are read through it (no
+    /// staging).
+    pub vram: Option<VramTier>,
     /// (first pair, pair count) of each union member of the current layer.
     segs: Vec<(usize, usize)>,
     /// The bound blob (ring slot or layer-slot range) of each member of a batch.
@@ -113,12 +119,14 @@ fn layer_slots(
 }
 
 impl ExpertState {
-    /// The state for blocks of up to `m` tokens of `model`.
+    /// The state for blocks of up to `m` tokens of `model`, reading experts through
+    /// `vram` when given (then no layer slots are allocated).
     pub fn new(
         ctx: &Arc<VulkanContext>,
         model: &Model,
         m: usize,
         arenas: ArenaRegistry,
+        vram: Option<VramTier>,
     ) -> Result<ExpertState, VulkanError> {
         let c = &model.cfg;
         let k = c.num_experts_per_tok.max(1);
@@ -142,23 +150,25 @@ impl ExpertState {
             window,
             stage_batch: c.num_experts.min(m * k).div_ceil(4).clamp(1, STAGE_BATCH),
             fallback: None,
-            stage: if unified { None } else { layer_slots(ctx, model, m)? },
+            stage: if unified || vram.is_some() { None } else { layer_slots(ctx, model, m)? },
             path: if unified { ExpertPath::ZeroCopy } else { DISCRETE_DEFAULT },
             segs: Vec::with_capacity(c.num_experts),
             blobs: Vec::with_capacity(c.num_experts),
             order: Vec::with_capacity(c.num_experts),
             max_rows: m,
+            vram,
         })
     }
 
-    /// Picks the expert path, allocating the layer slots a staged path needs.
+    /// Picks the expert path, allocating the layer slots a staged path needs (none while
+    /// the VRAM tier is on: the tier takes the place of staging).
     pub fn set_path(
         &mut self,
         ctx: &Arc<VulkanContext>,
         model: &Model,
         path: ExpertPath,
     ) -> Result<(), VulkanError> {
-        if path != ExpertPath::ZeroCopy && self.stage.is_none() {
+        if path != ExpertPath::ZeroCopy && self.stage.is_none() && self.vram.is_none() {
             self.stage = layer_slots(ctx, model, self.max_rows)?;
         }
         self.path = path;
@@ -168,6 +178,7 @@ impl ExpertState {
     /// Whether a block of `m` tokens copies its experts into a layer slot.
     fn staged(&self, m: usize) -> bool {
         self.stage.is_some()
+            && self.vram.is_none()
             && match self.path {
                 ExpertPath::ZeroCopy => false,
                 ExpertPath::StagedPrefill => m > 1,
@@ -219,8 +230,9 @@ impl ExpertState {
 
 impl VulkanBackend {
     /// Records the kernels of union members `first..` (their claimed `handles`) into
-    /// the recording; with staging, also records their upload into the layer slot and
-    /// returns it (to run before the recording).
+    /// the recording: through the VRAM tier when it is on; else reading the ring slots
+    /// in place, or with staging also recording their upload into the layer slot and
+    /// returning it (to run before the recording).
     pub(super) fn record_experts(
         &mut self,
         l: usize,
@@ -228,10 +240,12 @@ impl VulkanBackend {
         first: usize,
         handles: &[ExpertHandle],
     ) -> Result<Option<Arc<PrimaryAutoCommandBuffer>>, VulkanError> {
-        let model = self.model.clone();
-        let c = &model.cfg;
-        let layout = *model.vault.expert_layout(l).map_err(|e| VulkanError::Unsupported(e.to_string()))?;
-        let stride = model.vault.max_blob_stride();
+        if let Some(mut vram) = self.ex.vram.take() {
+            let r = self.record_through_vram(&mut vram, l, m, first, handles);
+            self.ex.vram = Some(vram);
+            return r.map(|()| None);
+        }
+        let stride = self.model.vault.max_blob_stride();
         let staged = self.ex.staged(m);
         let mut transfer: Option<AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> = None;
         let mut blobs = std::mem::take(&mut self.ex.blobs);
@@ -269,9 +283,94 @@ impl VulkanBackend {
             };
             blobs.push(blob);
         }
-        // One gate/up and one down dispatch per bound window, over the table entries of
-        // its experts (union positions first.., grouped by window; staged windows follow
-        // union order, and their table is already written).
+        self.record_dispatches(l, first, &blobs, staged)?;
+        // The recorder holds what it binds; the list keeps only its capacity.
+        blobs.clear();
+        self.ex.blobs = blobs;
+        match transfer {
+            Some(mut t) => {
+                if let Some(timer) = self.timer.as_mut() {
+                    timer.end_upload(&mut t)?;
+                }
+                Ok(Some(t.build().map_err(verr("recording a staging upload"))?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Records union members `first..` through the VRAM tier: a member the tier holds is
+    /// read there; any other is copied from its ring slot into a tier slot (recorded
+    /// ahead of the kernels) and read there. When every slot of a member's class is taken
+    /// by the members placed so far, their kernels are recorded first and the rest of
+    /// the members form a new batch.
+    fn record_through_vram(
+        &mut self,
+        vram: &mut VramTier,
+        l: usize,
+        m: usize,
+        first: usize,
+        handles: &[ExpertHandle],
+    ) -> Result<(), VulkanError> {
+        let regime = Regime::of(m);
+        let mut blobs = std::mem::take(&mut self.ex.blobs);
+        blobs.clear();
+        // Union position of the current batch's first member.
+        let mut batch_first = first;
+        vram.begin_batch();
+        for (i, hnd) in handles.iter().enumerate() {
+            let ui = first + i;
+            let len = hnd.len().max(4) as u64;
+            let blob = loop {
+                match vram.place(hnd.key(), len) {
+                    Some(Placement::Hit(b)) => break b,
+                    Some(Placement::Fill(dst)) => {
+                        let src = self.blob_buffer(ui, &hnd[..])?;
+                        self.mark(regime, Phase::ExpertUpload)?;
+                        self.rec()?.copy(src, dst.clone())?;
+                        break dst;
+                    }
+                    Some(Placement::Full) if !blobs.is_empty() => {
+                        self.mark(regime, Phase::Experts)?;
+                        self.record_dispatches(l, batch_first, &blobs, false)?;
+                        blobs.clear();
+                        batch_first = ui;
+                        vram.begin_batch();
+                    }
+                    Some(Placement::Full) => {
+                        return Err(VulkanError::Vulkan(format!(
+                            "placing layer {l}'s experts: a VRAM tier size class without slots"
+                        )))
+                    }
+                    // A layer the tier does not serve: its kernels read the ring slot.
+                    None => break self.blob_buffer(ui, &hnd[..])?,
+                }
+            };
+            blobs.push(blob);
+        }
+        if !blobs.is_empty() {
+            self.mark(regime, Phase::Experts)?;
+            self.record_dispatches(l, batch_first, &blobs, false)?;
+        }
+        blobs.clear();
+        self.ex.blobs = blobs;
+        vram.publish();
+        Ok(())
+    }
+
+    /// Records one gate/up and one down dispatch per bound window over `blobs` (union
+    /// members `first..`, where kernels read each), over the table entries of its
+    /// experts (grouped by window; staged windows follow union order, and their table is
+    /// already written).
+    fn record_dispatches(
+        &mut self,
+        l: usize,
+        first: usize,
+        blobs: &[Subbuffer<[u8]>],
+        staged: bool,
+    ) -> Result<(), VulkanError> {
+        let model = self.model.clone();
+        let c = &model.cfg;
+        let layout = *model.vault.expert_layout(l).map_err(|e| VulkanError::Unsupported(e.to_string()))?;
         let gran = if staged { self.ex.stage_window(&model) } else { self.ex.window };
         let mut order = std::mem::take(&mut self.ex.order);
         order.clear();
@@ -335,19 +434,8 @@ impl VulkanBackend {
             rec.matmul(Projection::Down, layout.down.dtype, batched, down, d)?;
             i = j;
         }
-        // The recorder holds what it binds; the lists keep only their capacity.
-        blobs.clear();
-        self.ex.blobs = blobs;
         self.ex.order = order;
-        match transfer {
-            Some(mut t) => {
-                if let Some(timer) = self.timer.as_mut() {
-                    timer.end_upload(&mut t)?;
-                }
-                Ok(Some(t.build().map_err(verr("recording a staging upload"))?))
-            }
-            None => Ok(None),
-        }
+        Ok(())
     }
 
     /// Descriptor sets (down, gate/up) binding the window of `blob`'s buffer that starts

@@ -1,8 +1,9 @@
 //! The Vulkan backend (vulkano), a peer of the CPU backend: [`VulkanBackend`] implements
 //! the [`Backend`](crate::contract::Backend) operations with compute shaders
-//! (`shaders/`), reading ring slots in host-visible memory in place or staging a
-//! prefill layer's union into device-local layer slots on devices with their own
-//! memory. [`VulkanPass`] runs the shared model definition over it.
+//! (`shaders/`), reading experts through the VRAM tier (device-local copies of the
+//! experts it multiplies, filled from the ring) on devices with their own memory, or
+//! ring slots in host-visible memory in place, or staging a prefill layer's union into
+//! device-local layer slots. [`VulkanPass`] runs the shared model definition over it.
 //!
 //! vulkano's command-buffer builders are not `Send`, so all recording and submission
 //! happens on one executor thread that owns the device state; [`VulkanPass`] sends it
@@ -25,6 +26,7 @@ mod pipelines;
 pub mod record;
 mod thread;
 mod timing;
+mod vram;
 mod weights;
 
 #[cfg(feature = "test-harness")]
@@ -52,6 +54,9 @@ pub enum VulkanError {
     /// The model needs something the kernels or the device do not support.
     #[error("the Vulkan backend cannot run this model: {0}; use --backend cpu")]
     Unsupported(String),
+    /// A setting the device cannot honour (the message names it).
+    #[error("invalid setting {0}")]
+    Setting(String),
     /// A Vulkan call failed.
     #[error("Vulkan error while {0}")]
     Vulkan(String),

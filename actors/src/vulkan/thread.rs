@@ -10,10 +10,10 @@ use super::context::{DeviceInfo, VulkanContext};
 use super::experts::ExpertPath;
 use super::kv::VulkanKvCache;
 use super::VulkanError;
-use smoe_proto::{ClaimEvent, ClaimTally};
+use smoe_proto::{ClaimEvent, ClaimTally, VramSnapshot};
 
 use crate::contract::{ForwardError, ForwardPass, KvState};
-use crate::engine::Engine;
+use crate::engine::{Engine, VramSize};
 use crate::executor::Pass;
 use crate::mailbox::{SpawnError, ThreadActor};
 use crate::model::Model;
@@ -39,6 +39,8 @@ enum Job {
     SetProfiling(bool),
     /// Send the phase profile.
     Profile,
+    /// Send the VRAM tier's counters and slot states.
+    Vram,
 }
 
 /// The executor thread's answer.
@@ -56,6 +58,7 @@ enum Reply {
     ExpertPath(Result<(), VulkanError>),
     SetProfiling(Result<(), ForwardError>),
     Profile(Option<PhaseProfile>),
+    Vram(Option<VramSnapshot>),
 }
 
 /// What the executor thread owns: the pass over the device.
@@ -90,6 +93,7 @@ fn serve(ex: &mut Worker, job: Job) -> Reply {
         Job::ExpertPath(p) => Reply::ExpertPath(ex.pass.backend_mut().set_path(p)),
         Job::SetProfiling(on) => Reply::SetProfiling(ex.pass.set_profiling(on)),
         Job::Profile => Reply::Profile(ex.pass.profile()),
+        Job::Vram => Reply::Vram(ex.pass.backend_mut().vram()),
     }
 }
 
@@ -105,27 +109,31 @@ pub struct VulkanPass {
     tokens: Vec<u32>,
     union_sizes: Vec<usize>,
     tally: ClaimTally,
+    /// The VRAM tier's setting (siblings get the same).
+    vram_size: VramSize,
     spec_depth: usize,
     trace: Option<Vec<ClaimEvent>>,
 }
 
 impl VulkanPass {
     /// A pass over `engine`'s model and ring, whose slots `alloc` allocated, for blocks
-    /// of up to `max_rows` tokens: uploads the resident weights and allocates every
-    /// device buffer on the executor thread.
+    /// of up to `max_rows` tokens, with a VRAM tier of `vram`: uploads the resident
+    /// weights and allocates every device buffer on the executor thread.
     pub fn for_engine(
         ctx: Arc<VulkanContext>,
         alloc: &VulkanAllocator,
         engine: &Engine,
         max_rows: usize,
+        vram: VramSize,
     ) -> Result<VulkanPass, VulkanError> {
-        VulkanPass::start(ctx, alloc.registry(), engine, max_rows)
+        VulkanPass::start(ctx, alloc.registry(), engine, max_rows, vram)
     }
 
     /// Another pass on the same device over `engine` (whose ring this pass's allocator
-    /// made), for blocks of up to `max_rows` tokens.
+    /// made), for blocks of up to `max_rows` tokens, with a VRAM tier of its own of the
+    /// same setting.
     pub fn sibling(&self, engine: &Engine, max_rows: usize) -> Result<VulkanPass, VulkanError> {
-        VulkanPass::start(self.ctx.clone(), self.arenas.clone(), engine, max_rows)
+        VulkanPass::start(self.ctx.clone(), self.arenas.clone(), engine, max_rows, self.vram_size)
     }
 
     fn start(
@@ -133,12 +141,13 @@ impl VulkanPass {
         arenas: ArenaRegistry,
         engine: &Engine,
         max_rows: usize,
+        vram_size: VramSize,
     ) -> Result<VulkanPass, VulkanError> {
         let (model, ring) = (engine.model.clone(), engine.ring.clone());
         let (c, a, m) = (ctx.clone(), arenas.clone(), model.clone());
         let hold_limits = ring.layer_slots();
         let init = move || {
-            let backend = VulkanBackend::new(c, a, m.clone(), max_rows)?;
+            let backend = VulkanBackend::new(c, a, m.clone(), max_rows, vram_size)?;
             Ok(Worker { pass: Pass::new(backend, m, ring, max_rows, hold_limits) })
         };
         let actor = ThreadActor::spawn("vulkan", init, serve).map_err(|e| match e {
@@ -155,6 +164,7 @@ impl VulkanPass {
             tokens: Vec::with_capacity(max_rows),
             union_sizes: vec![0; layers],
             tally: ClaimTally::default(),
+            vram_size,
             spec_depth: 0,
             trace: None,
             model,
@@ -232,6 +242,12 @@ impl ForwardPass for VulkanPass {
     }
     fn tally(&self) -> ClaimTally {
         self.tally
+    }
+    fn vram(&self) -> Option<VramSnapshot> {
+        match self.actor.call(Job::Vram) {
+            Ok(Reply::Vram(v)) => v,
+            _ => None,
+        }
     }
     fn set_spec_depth(&mut self, depth: usize) {
         self.spec_depth = depth;

@@ -79,6 +79,13 @@ impl DeviceModel {
         })
     }
 
+    /// Bytes of device memory the resident tensors take.
+    pub fn bytes(&self) -> u64 {
+        let mats = self.mats.values().filter_map(|m| m.w.ranges.first()).map(|r| r.bytes.buffer().size());
+        let vecs = self.vecs.values().map(|v| v.0.buffer().size());
+        mats.chain(vecs).sum::<u64>() + self.rope_cos.size() + self.rope_sin.size()
+    }
+
     /// The device copy of matrix `r`.
     pub fn matrix(&self, r: &TensorRef) -> Result<&BoundWeight, VulkanError> {
         self.mats.get(&r.key()).ok_or_else(|| missing(r))

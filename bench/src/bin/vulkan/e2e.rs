@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smoe_actors::contract::ForwardPass;
-use smoe_actors::engine::{Engine, EngineOptions, RingSize};
+use smoe_actors::engine::{Engine, EngineOptions, RingSize, VramSize};
 use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::vulkan::harness::KernelHarness;
 use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanPass};
@@ -57,7 +57,9 @@ fn run_vulkan(
 ) -> (Rates, u32) {
     let alloc = VulkanAllocator::new(ctx.clone());
     let engine = Engine::open(vault, opts, &alloc).expect("engine");
-    let mut fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("vulkan forward");
+    // An expert path is measured with the VRAM tier (which replaces it) off.
+    let vram = if path.is_some() { VramSize::Bytes(0) } else { opts.vram };
+    let mut fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk, vram).expect("vulkan forward");
     if let Some(p) = path {
         fwd.set_expert_path(p).expect("path");
     }
@@ -123,7 +125,8 @@ fn diag_run(
     let alloc = VulkanAllocator::new(ctx.clone());
     let opts = EngineOptions { max_context: 256, ring: RingSize::Slots(slots), ..Default::default() };
     let engine = Engine::open(vault, &opts, &alloc).expect("engine");
-    let mut fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk).expect("forward");
+    let mut fwd =
+        VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk, VramSize::Bytes(0)).expect("forward");
     fwd.set_expert_path(path).expect("path");
     greedy_logits(&mut fwd, prompt, steps)
 }

@@ -1,0 +1,394 @@
+//! The VRAM tier: device-local copies of experts, a cache level between the host ring
+//! and the kernels on devices with their own memory. A kernel reading a ring slot in
+//! host-visible memory reads it across the bus (~51 GB/s on an H200); reading a
+//! device-local copy runs at memory speed (~4.4 TB/s). While the tier is on, every
+//! expert claim the kernels multiply goes through it: a *hit* reads the copy the tier
+//! holds, a *fill* copies the claimed ring slot into a tier slot (a GPU copy recorded in
+//! the same command stream, ahead of the kernels that read it) and the kernels read the
+//! copy. Hits + fills = expert claims on the GPU.
+//!
+//! Slots come in size classes split exactly as the ring's ([`crate::ring::classes`]):
+//! a quantised vault whose layers store their experts at different blob strides gets one
+//! class per stride, each a few device-local buffers, and a layer's experts live only in
+//! its class. Each class replaces its least recently used slot (an intrusive list over
+//! the class's slots), never one the current batch placed: when every slot of a class is
+//! taken by the batch, the caller runs the batch so far and starts a new one (the slots
+//! it used may then be refilled: the device orders the refill after the kernels that
+//! read them).
+//!
+//! A fill is only trusted once the host has waited for the work that copied it: if that
+//! work is abandoned (a failed pass), the slots it filled go back to empty. Expert
+//! weights are immutable, so a filled slot is never stale and no tier size changes a
+//! byte of the result.
+
+use metrics::{Counter, Gauge};
+use smoe_proto::metric_names::{LABEL_STATE, VRAM_BYTES, VRAM_EVICTIONS, VRAM_FILLS, VRAM_HITS, VRAM_SLOTS};
+use smoe_proto::stats::VRAM_SLOT_STATES;
+use smoe_proto::{ExpertKey, VramSnapshot};
+use vulkano::buffer::{BufferUsage, Subbuffer};
+
+use super::buffers::device_buffer;
+use super::context::VulkanContext;
+use super::VulkanError;
+use crate::engine::VramSize;
+use crate::model::Model;
+use crate::ring::budget::kv_cache_bytes;
+use crate::ring::classes::{plan_for, RingSize};
+use crate::ring::RingError;
+
+/// No slot, no expert, or the end of a list.
+const NONE: u32 = u32::MAX;
+/// Smallest margin the default size leaves free on the device, in bytes.
+const MIN_MARGIN: u64 = 512 << 20;
+/// Share of the device heap the default size leaves free (1 / this).
+const MARGIN_SHARE: u64 = 20;
+/// Largest buffer one size class allocates at once (fewer, larger buffers would only
+/// meet drivers' single-allocation limits sooner).
+const MAX_BUFFER: u64 = 1 << 31;
+
+/// Where a claimed expert's kernels read it, as [`VramTier::place`] decides.
+pub enum Placement {
+    /// The tier holds the expert: the kernels read this copy.
+    Hit(Subbuffer<[u8]>),
+    /// The expert was given this slot range: the caller copies the ring slot into it
+    /// before the kernels that read it.
+    Fill(Subbuffer<[u8]>),
+    /// Every slot of the expert's class was placed by the current batch: run the batch
+    /// so far, start a new one and place the expert again.
+    Full,
+}
+
+/// One slot of the tier.
+struct Slot {
+    /// The expert it holds (layer · experts per layer + expert), or [`NONE`].
+    expert: u32,
+    /// Neighbours in its class's recency list: `prev` towards the most recently used.
+    prev: u32,
+    next: u32,
+    /// The batch that last placed it (it cannot be refilled during that batch).
+    batch: u64,
+    /// Read or written by recorded work the host has not waited for.
+    busy: bool,
+    /// Filled by recorded work the host has not waited for.
+    unconfirmed: bool,
+}
+
+/// The slots of one blob stride.
+struct Class {
+    /// Bytes of one slot (the blob stride of the class's layers).
+    stride: u64,
+    /// Device-local buffers, each holding `per_buffer` slots (the last one may hold fewer).
+    buffers: Vec<Subbuffer<[u8]>>,
+    per_buffer: u32,
+    /// Index of the class's first slot in [`VramTier::slots`].
+    first: u32,
+    /// Most and least recently used slots.
+    head: u32,
+    tail: u32,
+}
+
+/// The Prometheus handles the tier updates (no-ops without a recorder).
+struct Published {
+    hits: Counter,
+    fills: Counter,
+    evictions: Counter,
+    slots: [Gauge; 3],
+    /// The counts already added to the counters.
+    sent: VramSnapshot,
+}
+
+/// The VRAM tier of one Vulkan pass.
+pub struct VramTier {
+    classes: Vec<Class>,
+    /// Per decoder layer, its class (or [`NONE`] for a layer without routed experts).
+    layer_class: Vec<u32>,
+    experts_per_layer: usize,
+    /// Per expert (layer · experts per layer + expert), the slot holding it or [`NONE`].
+    slot_of: Vec<u32>,
+    slots: Vec<Slot>,
+    /// Slots marked busy since the last host wait.
+    busy: Vec<u32>,
+    /// The current batch (see [`VramTier::begin_batch`]).
+    batch: u64,
+    stats: VramSnapshot,
+    published: Published,
+}
+
+/// How a setting is named in errors (the config key and the flag).
+const KEY: &str = "`vram_bytes` (--vram-bytes)";
+
+/// The size of the device's largest device-local memory heap (or of its largest heap).
+fn device_heap(ctx: &VulkanContext) -> u64 {
+    let heaps = &ctx.info.heaps;
+    let local = heaps.iter().filter(|h| h.1).map(|h| h.0).max();
+    local.or_else(|| heaps.iter().map(|h| h.0).max()).unwrap_or(0)
+}
+
+impl VramTier {
+    /// The tier of `size` for `model` on `ctx`'s device, where the pass already holds
+    /// `held` bytes of device memory; `None` when the tier is off (0 bytes, a model
+    /// without routed experts, or a default that leaves no room). An explicit size
+    /// larger than the device's heap or too small for one slot of every size class is
+    /// an error naming the setting.
+    pub fn new(
+        ctx: &VulkanContext,
+        model: &Model,
+        size: VramSize,
+        held: u64,
+    ) -> Result<Option<VramTier>, VulkanError> {
+        let manifest = model.vault.manifest();
+        if manifest.experts.layers.is_empty() {
+            return Ok(None);
+        }
+        let heap = device_heap(ctx);
+        let bytes = match size {
+            VramSize::Bytes(0) => return Ok(None),
+            VramSize::Bytes(b) if b > heap => {
+                return Err(VulkanError::Setting(format!(
+                "{KEY}: {b} bytes is more than the device's memory heap ({heap} bytes); lower it, or leave \
+                     it out to use what the device can spare"
+            )))
+            }
+            VramSize::Bytes(b) => b,
+            VramSize::Auto { .. } if ctx.info.unified_memory => return Ok(None),
+            VramSize::Auto { sessions } => {
+                let kv = kv_cache_bytes(&model.cfg, model.max_context) * sessions as u64;
+                let margin = MIN_MARGIN.max(heap / MARGIN_SHARE);
+                let spare = heap.saturating_sub(held + kv + margin);
+                tracing::info!(
+                    "VRAM tier sized from the device: heap {heap} − {held} held by the pass − {kv} of KV for \
+                     {sessions} session(s) − margin {margin} = {spare} bytes"
+                );
+                spare
+            }
+        };
+        let plan = match plan_for(manifest, RingSize::Bytes(bytes)) {
+            Ok(p) => p,
+            Err(RingError::NoSlots { bytes: least, classes }) if matches!(size, VramSize::Bytes(_)) => {
+                return Err(VulkanError::Setting(format!(
+                    "{KEY}: {bytes} bytes holds no expert: the tier needs at least {least} bytes (one slot of \
+                     each of the vault's {classes} blob sizes); raise it, or set 0 to turn the tier off"
+                )))
+            }
+            Err(e) if matches!(size, VramSize::Bytes(_)) => {
+                return Err(VulkanError::Setting(format!("{KEY}: {e}")))
+            }
+            Err(_) => {
+                tracing::info!("VRAM tier off: {bytes} bytes spare hold no slot of every size class");
+                return Ok(None);
+            }
+        };
+        let per_layer = model.cfg.num_experts;
+        let max_buffer = ctx.info.max_allocation.unwrap_or(u64::MAX).min(MAX_BUFFER);
+        let mut tier = VramTier {
+            classes: Vec::with_capacity(plan.len()),
+            layer_class: vec![NONE; model.cfg.num_hidden_layers],
+            experts_per_layer: per_layer,
+            slot_of: vec![NONE; model.cfg.num_hidden_layers * per_layer],
+            slots: Vec::new(),
+            busy: Vec::new(),
+            batch: 0,
+            stats: VramSnapshot::default(),
+            published: Published {
+                hits: metrics::counter!(VRAM_HITS),
+                fills: metrics::counter!(VRAM_FILLS),
+                evictions: metrics::counter!(VRAM_EVICTIONS),
+                slots: VRAM_SLOT_STATES.map(|s| metrics::gauge!(VRAM_SLOTS, LABEL_STATE => s)),
+                sent: VramSnapshot::default(),
+            },
+        };
+        for c in &plan {
+            let stride = c.stride as u64;
+            let per_buffer = (max_buffer / stride).clamp(1, u32::MAX as u64) as usize;
+            let mut buffers = Vec::with_capacity(c.slots.div_ceil(per_buffer));
+            let mut left = c.slots;
+            while left > 0 {
+                let n = left.min(per_buffer);
+                let buf = device_buffer::<u8>(ctx, n as u64 * stride, BufferUsage::STORAGE_BUFFER).map_err(|e| {
+                    VulkanError::Setting(format!(
+                        "{KEY}: cannot allocate {bytes} bytes of device memory for the VRAM tier ({e}); lower it"
+                    ))
+                })?;
+                buffers.push(buf);
+                left -= n;
+            }
+            let first = tier.slots.len() as u32;
+            let n = c.slots as u32;
+            tier.slots.extend((0..n).map(|i| Slot {
+                expert: NONE,
+                prev: if i == 0 { NONE } else { first + i - 1 },
+                next: if i + 1 == n { NONE } else { first + i + 1 },
+                batch: 0,
+                busy: false,
+                unconfirmed: false,
+            }));
+            for &l in &c.layers {
+                tier.layer_class[l] = tier.classes.len() as u32;
+            }
+            tier.classes.push(Class {
+                stride,
+                buffers,
+                per_buffer: per_buffer as u32,
+                first,
+                head: first,
+                tail: first + n - 1,
+            });
+        }
+        tier.stats.bytes = plan.iter().map(|c| (c.slots * c.stride) as u64).sum();
+        tier.stats.slots[0] = tier.slots.len() as u64;
+        metrics::gauge!(VRAM_BYTES).set(tier.stats.bytes as f64);
+        tier.publish();
+        tracing::info!(
+            "VRAM tier: {} bytes in {}",
+            tier.stats.bytes,
+            plan.iter()
+                .map(|c| format!("{} slots of {} bytes", c.slots, c.stride))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        );
+        Ok(Some(tier))
+    }
+
+    /// Counters and slot states now.
+    pub fn snapshot(&self) -> VramSnapshot {
+        self.stats
+    }
+
+    /// Starts a batch: slots placed from now on stay until the next batch starts.
+    pub fn begin_batch(&mut self) {
+        self.batch += 1;
+    }
+
+    /// Where the kernels read expert `key` (whose claimed blob is `len` bytes: the range
+    /// returned has that length): a hit, a slot to fill, or [`Placement::Full`]. `None`
+    /// for a layer the tier does not serve.
+    pub fn place(&mut self, key: ExpertKey, len: u64) -> Option<Placement> {
+        let (layer, e) = (key.layer as usize, key.expert as usize);
+        let c = *self.layer_class.get(layer).filter(|&&c| c != NONE)? as usize;
+        let flat = layer * self.experts_per_layer + e;
+        let s = self.slot_of[flat];
+        if s != NONE {
+            self.stats.hits += 1;
+            self.use_slot(c, s);
+            return Some(Placement::Hit(self.range(c, s, len)));
+        }
+        // The least recently used slot the current batch has not placed.
+        let mut v = self.classes[c].tail;
+        while v != NONE && self.slots[v as usize].batch == self.batch {
+            v = self.slots[v as usize].prev;
+        }
+        if v == NONE {
+            return Some(Placement::Full);
+        }
+        let old = self.slots[v as usize].expert;
+        if old != NONE {
+            self.slot_of[old as usize] = NONE;
+            self.stats.evictions += 1;
+        } else {
+            self.stats.slots[0] -= 1;
+            self.stats.slots[1] += 1;
+        }
+        self.slots[v as usize].expert = flat as u32;
+        self.slots[v as usize].unconfirmed = true;
+        self.slot_of[flat] = v;
+        self.stats.fills += 1;
+        self.use_slot(c, v);
+        Some(Placement::Fill(self.range(c, v, len)))
+    }
+
+    /// Marks slot `s` of class `c` placed by this batch, busy, and most recently used.
+    fn use_slot(&mut self, c: usize, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        slot.batch = self.batch;
+        if !slot.busy {
+            slot.busy = true;
+            self.busy.push(s);
+            self.stats.slots[1] -= 1;
+            self.stats.slots[2] += 1;
+        }
+        self.unlink(c, s);
+        let head = self.classes[c].head;
+        self.slots[s as usize].next = head;
+        match head {
+            NONE => self.classes[c].tail = s,
+            h => self.slots[h as usize].prev = s,
+        }
+        self.classes[c].head = s;
+    }
+
+    /// Takes slot `s` out of class `c`'s recency list.
+    fn unlink(&mut self, c: usize, s: u32) {
+        let (prev, next) = (self.slots[s as usize].prev, self.slots[s as usize].next);
+        match prev {
+            NONE => self.classes[c].head = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NONE => self.classes[c].tail = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
+        self.slots[s as usize].prev = NONE;
+        self.slots[s as usize].next = NONE;
+    }
+
+    /// The first `len` bytes of slot `s` of class `c`.
+    fn range(&self, c: usize, s: u32, len: u64) -> Subbuffer<[u8]> {
+        let class = &self.classes[c];
+        let i = s - class.first;
+        let off = (i % class.per_buffer) as u64 * class.stride;
+        class.buffers[(i / class.per_buffer) as usize].clone().slice(off..off + len.min(class.stride))
+    }
+
+    /// The host has waited for everything recorded: the fills are in place and no slot
+    /// is in use.
+    pub fn settle(&mut self) {
+        for s in std::mem::take(&mut self.busy) {
+            let slot = &mut self.slots[s as usize];
+            slot.busy = false;
+            slot.unconfirmed = false;
+        }
+        self.stats.slots[1] += self.stats.slots[2];
+        self.stats.slots[2] = 0;
+        self.publish();
+    }
+
+    /// The recorded work was abandoned: slots it filled may not hold their experts, so
+    /// they go back to empty (least recently used, refilled first).
+    pub fn abandon(&mut self) {
+        for s in std::mem::take(&mut self.busy) {
+            let slot = &mut self.slots[s as usize];
+            slot.busy = false;
+            self.stats.slots[2] -= 1;
+            if !std::mem::take(&mut slot.unconfirmed) {
+                self.stats.slots[1] += 1;
+                continue;
+            }
+            let flat = std::mem::replace(&mut slot.expert, NONE);
+            self.slot_of[flat as usize] = NONE;
+            self.stats.slots[0] += 1;
+            let c = self.layer_class[flat as usize / self.experts_per_layer] as usize;
+            self.unlink(c, s);
+            let tail = self.classes[c].tail;
+            self.slots[s as usize].prev = tail;
+            match tail {
+                NONE => self.classes[c].head = s,
+                t => self.slots[t as usize].next = s,
+            }
+            self.classes[c].tail = s;
+        }
+        self.publish();
+    }
+
+    /// Sets the slot gauges and adds what was counted since the last call to the
+    /// counters.
+    pub fn publish(&mut self) {
+        let (p, s) = (&mut self.published, &self.stats);
+        p.hits.increment(s.hits - p.sent.hits);
+        p.fills.increment(s.fills - p.sent.fills);
+        p.evictions.increment(s.evictions - p.sent.evictions);
+        for (g, n) in p.slots.iter().zip(s.slots) {
+            g.set(n as f64);
+        }
+        p.sent = *s;
+    }
+}

@@ -1,0 +1,151 @@
+//! The Vulkan backend's VRAM tier on lavapipe (where it is off by default, so the tests
+//! turn it on with `--vram-bytes`): logits byte-identical with the tier off, holding
+//! every expert, and holding two; its counters add up (hits + fills = expert claims);
+//! bad sizes are clear errors; `serve` exports its metrics.
+#![cfg(feature = "vulkan")]
+
+mod common;
+#[path = "serve/daemon.rs"]
+mod daemon;
+#[path = "serve/http.rs"]
+mod http;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use daemon::Daemon;
+use serde_json::Value;
+
+/// A `synth --preset small` vault (`quant` e.g. `q4_k_m`, or none for bf16).
+fn synth(dir: &Path, quant: Option<&str>) -> PathBuf {
+    let vault = dir.join(format!("{}.vault", quant.unwrap_or("bf16")));
+    let mut args = vec!["synth", "--out", vault.to_str().unwrap(), "--preset", "small", "--seed", "7"];
+    if let Some(q) = quant {
+        args.extend(["--quant", q]);
+    }
+    run_ok(&args);
+    vault
+}
+
+/// The blob strides of `vault`'s MoE layers, distinct, largest first.
+fn strides(vault: &Path) -> Vec<u64> {
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(vault.join("manifest.json")).unwrap()).unwrap();
+    let mut s: Vec<u64> = m["experts"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["layout"]["blob_stride"].as_u64().unwrap())
+        .collect();
+    s.sort_unstable_by(|a, b| b.cmp(a));
+    s.dedup();
+    s
+}
+
+/// A greedy run on Vulkan with `--vram-bytes vram` (a prompt over three chunks, then
+/// decode): its JSON and logits.
+fn run(dir: &Path, vault: &Path, vram: u64) -> (Value, Vec<f32>) {
+    let logits = dir.join(format!("{vram}.safetensors"));
+    let prompt: Vec<u32> = (0..10).map(|i| (i * 37 + 5) % 500).collect();
+    let v = vram.to_string();
+    let out = generate_json(
+        vault,
+        &prompt,
+        6,
+        &logits,
+        &["--backend", "vulkan", "--chunk-size", "4", "--vram-bytes", &v],
+    );
+    (out, read_f32(&logits, "logits").1)
+}
+
+/// Checks the tier's counters against the claims of `out`'s run: every claim was a hit or
+/// a fill, `slots` slots hold experts, and evictions are the fills that found none free.
+fn check_counters(out: &Value, slots: u64) {
+    let s = &out["stats"];
+    let t = &s["vram"];
+    let claims = s["ring_hits"].as_u64().unwrap() + s["ring_misses"].as_u64().unwrap();
+    let (hits, fills, evictions) =
+        (t["hits"].as_u64().unwrap(), t["fills"].as_u64().unwrap(), t["evictions"].as_u64().unwrap());
+    assert_eq!(hits + fills, claims, "hits + fills = expert claims: {t}");
+    let held = t["slots"]["filled"].as_u64().unwrap();
+    assert_eq!(t["slots"]["in_use"], 0, "nothing in flight after the run: {t}");
+    assert_eq!(fills - evictions, held, "every fill without an eviction holds an expert: {t}");
+    assert_eq!(held + t["slots"]["empty"].as_u64().unwrap(), slots, "{t}");
+}
+
+#[test]
+fn the_vram_tier_changes_no_byte_at_any_size() {
+    let dir = tempfile::tempdir().unwrap();
+    for quant in [None, Some("q4_k_m")] {
+        let vault = synth(dir.path(), quant);
+        let st = strides(&vault);
+        let (off, reference) = run(dir.path(), &vault, 0);
+        assert!(off["stats"]["vram"].is_null(), "--vram-bytes 0 turns the tier off");
+        // Every expert: 4 layers of 16.
+        let all = 64;
+        let (out, logits) = run(dir.path(), &vault, 1 << 30);
+        assert_eq!(id_list(&out["token_ids"]), id_list(&off["token_ids"]), "{quant:?}");
+        assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{quant:?}: all");
+        check_counters(&out, all);
+        assert_eq!(out["stats"]["vram"]["evictions"], 0, "{out}");
+        assert!(out["stats"]["vram"]["hits"].as_u64().unwrap() > 0, "{out}");
+        // Two slots: one of each of the two sizes of Q4_K_M, two of bf16's one.
+        let two = if st.len() == 1 { 2 * st[0] } else { st.iter().sum() };
+        assert!(st.len() <= 2, "{st:?}");
+        let (out, logits) = run(dir.path(), &vault, two);
+        assert!(
+            logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{quant:?}: two slots"
+        );
+        check_counters(&out, 2);
+        assert!(out["stats"]["vram"]["evictions"].as_u64().unwrap() > 0, "{out}");
+    }
+}
+
+#[test]
+fn bad_vram_sizes_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = synth(dir.path(), None);
+    let v = vault.to_str().unwrap();
+    let stride = strides(&vault)[0];
+    let base = ["generate", "--vault", v, "--prompt-ids", "1,2", "--max-tokens", "1", "--backend", "vulkan"];
+    let err = run_err(&[&base[..], &["--vram-bytes", "100T"]].concat());
+    assert!(err.contains("`vram_bytes` (--vram-bytes)") && err.contains("memory heap"), "{err}");
+    let err = run_err(&[&base[..], &["--vram-bytes", "1000"]].concat());
+    assert!(
+        err.contains("`vram_bytes` (--vram-bytes)") && err.contains(&format!("at least {stride} bytes")),
+        "{err}"
+    );
+    let err = run_err(&[&base[..], &["--vram-bytes", "12 parsecs"]].concat());
+    assert!(err.contains("--vram-bytes"), "{err}");
+}
+
+#[test]
+fn serve_exports_the_vram_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    // A fixture with a tokenizer (serve needs one).
+    let vault = convert("moe_all", dir.path(), &[]);
+    let two = (2 * strides(&vault)[0]).to_string();
+    let d = Daemon::start(
+        &["--vault", vault.to_str().unwrap(), "--backend", "vulkan", "--vram-bytes", &two],
+        &[],
+    );
+    let body = r#"{"model":"moe_all.vault","prompt":[1,2,3,4,5],"max_tokens":4,"ignore_eos":true}"#;
+    let r = http::post(&d.url, "/v1/completions", body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = http::get(&d.url, "/metrics").body;
+    let value = |name: &str| -> f64 {
+        let line =
+            m.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}:\n{m}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (hits, fills, evictions) =
+        (value("smoe_vram_hits_total"), value("smoe_vram_fills_total"), value("smoe_vram_evictions_total"));
+    assert!(fills > 0.0 && evictions > 0.0, "{m}");
+    assert_eq!(value(r#"smoe_vram_slots{state="filled"}"#), 2.0, "{m}");
+    assert_eq!(value(r#"smoe_vram_slots{state="empty"}"#) + value(r#"smoe_vram_slots{state="in_use"}"#), 0.0);
+    assert_eq!(fills - evictions, 2.0, "{m}");
+    assert_eq!(value("smoe_vram_bytes"), 2.0 * strides(&vault)[0] as f64, "{m}");
+    // Every claim went through the tier.
+    assert_eq!(hits + fills, value("smoe_ring_hits_total") + value("smoe_ring_misses_total"), "{m}");
+}
