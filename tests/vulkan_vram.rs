@@ -42,19 +42,15 @@ fn strides(vault: &Path) -> Vec<u64> {
     s
 }
 
-/// A greedy run on Vulkan with `--vram-bytes vram` (a prompt over three chunks, then
-/// decode): its JSON and logits.
-fn run(dir: &Path, vault: &Path, vram: u64) -> (Value, Vec<f32>) {
+/// A greedy run on Vulkan with `--vram-bytes vram` and `extra` flags (a prompt over
+/// three chunks, then decode): its JSON and logits.
+fn run(dir: &Path, vault: &Path, vram: u64, extra: &[&str]) -> (Value, Vec<f32>) {
     let logits = dir.join(format!("{vram}.safetensors"));
     let prompt: Vec<u32> = (0..10).map(|i| (i * 37 + 5) % 500).collect();
     let v = vram.to_string();
-    let out = generate_json(
-        vault,
-        &prompt,
-        6,
-        &logits,
-        &["--backend", "vulkan", "--chunk-size", "4", "--vram-bytes", &v],
-    );
+    let mut flags = vec!["--backend", "vulkan", "--chunk-size", "4", "--vram-bytes", &v];
+    flags.extend_from_slice(extra);
+    let out = generate_json(vault, &prompt, 6, &logits, &flags);
     (out, read_f32(&logits, "logits").1)
 }
 
@@ -79,20 +75,25 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
     for quant in [None, Some("q4_k_m")] {
         let vault = synth(dir.path(), quant);
         let st = strides(&vault);
-        let (off, reference) = run(dir.path(), &vault, 0);
+        let (off, reference) = run(dir.path(), &vault, 0, &[]);
         assert!(off["stats"]["vram"].is_null(), "--vram-bytes 0 turns the tier off");
         // Every expert: 4 layers of 16.
         let all = 64;
-        let (out, logits) = run(dir.path(), &vault, 1 << 30);
+        // With the phase profile (which changes no byte): the tier's fills are device time
+        // of the expert-upload phase.
+        let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile"]);
         assert_eq!(id_list(&out["token_ids"]), id_list(&off["token_ids"]), "{quant:?}");
         assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{quant:?}: all");
         check_counters(&out, all);
         assert_eq!(out["stats"]["vram"]["evictions"], 0, "{out}");
         assert!(out["stats"]["vram"]["hits"].as_u64().unwrap() > 0, "{out}");
+        // `Phase::ALL` index 8: expert upload, in the prefill regime.
+        let upload = &out["stats"]["profile"]["regimes"][0]["phases"][8];
+        assert!(upload["device"].as_f64().unwrap() > 0.0, "{upload}");
         // Two slots: one of each of the two sizes of Q4_K_M, two of bf16's one.
         let two = if st.len() == 1 { 2 * st[0] } else { st.iter().sum() };
         assert!(st.len() <= 2, "{st:?}");
-        let (out, logits) = run(dir.path(), &vault, two);
+        let (out, logits) = run(dir.path(), &vault, two, &[]);
         assert!(
             logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
             "{quant:?}: two slots"

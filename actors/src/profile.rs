@@ -204,7 +204,9 @@ impl fmt::Display for PhaseProfile {
             writeln!(f, "| phase | calls | host ms | host % | wait ms | device ms | device % | ms/block |")?;
             writeln!(f, "| --- | --- | --- | --- | --- | --- | --- | --- |")?;
             let (mut host, mut device) = (Duration::ZERO, Duration::ZERO);
-            for (p, t) in Phase::ALL.iter().zip(&r.phases).filter(|(_, t)| t.calls > 0) {
+            // Device-only phases (an upload marked in a command buffer) have no calls.
+            let ran = |t: &&PhaseTimes| t.calls > 0 || !t.device.is_zero();
+            for (p, t) in Phase::ALL.iter().zip(&r.phases).filter(|(_, t)| ran(t)) {
                 host += t.host;
                 device += t.device;
                 let dev = |v: f64| if self.device_timed { format!("{v:.3}") } else { "-".into() };
