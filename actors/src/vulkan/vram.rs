@@ -124,6 +124,13 @@ fn device_heap(ctx: &VulkanContext) -> u64 {
     local.or_else(|| heaps.iter().map(|h| h.0).max()).unwrap_or(0)
 }
 
+/// What a heap of `heap` bytes can spare for the tier beside `used` bytes, and the
+/// margin it keeps free: max([`MIN_MARGIN`], 1/[`MARGIN_SHARE`] of the heap).
+fn spare(heap: u64, used: u64) -> (u64, u64) {
+    let margin = MIN_MARGIN.max(heap / MARGIN_SHARE);
+    (heap.saturating_sub(used.saturating_add(margin)), margin)
+}
+
 impl VramTier {
     /// The tier of `size` for `model` on `ctx`'s device, where the pass already holds
     /// `held` bytes of device memory; `None` when the tier is off (0 bytes, a model
@@ -153,8 +160,7 @@ impl VramTier {
             VramSize::Auto { .. } if ctx.info.unified_memory => return Ok(None),
             VramSize::Auto { sessions } => {
                 let kv = kv_cache_bytes(&model.cfg, model.max_context) * sessions as u64;
-                let margin = MIN_MARGIN.max(heap / MARGIN_SHARE);
-                let spare = heap.saturating_sub(held + kv + margin);
+                let (spare, margin) = spare(heap, held + kv);
                 tracing::info!(
                     "VRAM tier sized from the device: heap {heap} − {held} held by the pass − {kv} of KV for \
                      {sessions} session(s) − margin {margin} = {spare} bytes"
@@ -390,5 +396,24 @@ impl VramTier {
             g.set(n as f64);
         }
         p.sent = *s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_leaves_a_margin_of_5_percent_or_512_mib() {
+        const GIB: u64 = 1 << 30;
+        // An H200's 141 GiB: 7.05 GiB margin.
+        let (spare_h200, margin) = spare(141 * GIB, 10 * GIB);
+        assert_eq!(margin, 141 * GIB / 20);
+        assert_eq!(spare_h200, 141 * GIB - 10 * GIB - 141 * GIB / 20);
+        // An 8 GiB card: the 512 MiB floor.
+        assert_eq!(spare(8 * GIB, GIB), (7 * GIB - (512 << 20), 512 << 20));
+        // Nothing left: no tier rather than an underflow.
+        assert_eq!(spare(4 * GIB, 4 * GIB).0, 0);
+        assert_eq!(spare(GIB, u64::MAX).0, 0);
     }
 }
