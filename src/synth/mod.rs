@@ -53,6 +53,7 @@ pub fn preset(name: &str) -> Result<ModelConfig> {
         mlp_only_layers: vec![],
         tie_word_embeddings: false,
         eos_token_ids: vec![151645, 151643],
+        hybrid: None,
     };
     Ok(match name {
         "tiny" => ModelConfig {
@@ -75,6 +76,7 @@ pub fn preset(name: &str) -> Result<ModelConfig> {
             mlp_only_layers: vec![],
             tie_word_embeddings: false,
             eos_token_ids: vec![],
+            hybrid: None,
         },
         // Tiny, with Qwen3's routing geometry (128 experts, top-8) and 32-wide heads:
         // for routing statistics in seconds.

@@ -135,7 +135,7 @@ impl KvState for ExecutorKv {
             ExecutorKv::Vulkan(k) => k.len(),
         }
     }
-    fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) -> usize {
         match self {
             ExecutorKv::Cpu(k) => k.truncate(len),
             #[cfg(feature = "vulkan")]

@@ -7,7 +7,7 @@ use smoe_proto::{ClaimEvent, ClaimTally, ExpertSource};
 
 use super::moe::MoeStep;
 use crate::contract::{Backend, ForwardError, ForwardPass, KvState};
-use crate::model::{qwen3_moe, Model};
+use crate::model::{self, Model};
 
 /// The model definition over backend `B`.
 pub struct Pass<B: Backend> {
@@ -61,7 +61,7 @@ impl<B: Backend> Pass<B> {
         want_logits: bool,
     ) -> Result<Option<&[f32]>, ForwardError> {
         self.model.check_block(kv.len(), tokens, self.max_rows)?;
-        qwen3_moe::forward(&mut self.backend, &mut self.moe, &self.model, kv, tokens, want_logits)
+        model::forward(&mut self.backend, &mut self.moe, &self.model, kv, tokens, want_logits)
     }
 }
 

@@ -61,7 +61,7 @@ impl<C: KvState> SessionStore<C> {
             .max();
         if let Some((cached, _, i)) = best.filter(|b| b.0 > 0) {
             let mut s = self.sessions.swap_remove(i);
-            s.cache.truncate(cached);
+            let cached = s.cache.truncate(cached);
             return Ok(Checkout { cache: s.cache, cached });
         }
         if self.sessions.len() < self.capacity {
@@ -108,8 +108,9 @@ mod tests {
         fn len(&self) -> usize {
             self.len
         }
-        fn truncate(&mut self, len: usize) {
+        fn truncate(&mut self, len: usize) -> usize {
             self.len = self.len.min(len);
+            self.len
         }
         fn advance(&mut self, n: usize) {
             self.len += n;
