@@ -96,10 +96,11 @@ fn check(ckpt: &Checkpoint, r: &Recipe, name: &str, shape: &[usize], rows: usize
         let (info, _) = ckpt.tensor(src)?;
         let elems: usize = info.shape.iter().product();
         let src_cols = info.shape.last().copied().unwrap_or(1);
-        // A whole tensor may be stored in another shape of the same rows (the conv
-        // weight [C, 1, K] is the vault's [C, K]).
+        // A whole tensor has the vault's shape up to dims of one (the conv weight
+        // [C, 1, K] is the vault's [C, K]).
         let whole = r.parts.len() == 1 && ranges.len() == 1 && ranges[0] == (0..rows);
-        let fits = if whole { elems == rows * cols } else { src_cols == cols };
+        let squeezed = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+        let fits = if whole { squeezed(&info.shape) == squeezed(shape) } else { src_cols == cols };
         if !fits || ranges.iter().any(|rg| rg.end * cols > elems) {
             bail!(
                 "tensor `{src}` in {} has shape {:?}, but config.json implies {shape:?} for `{name}`",
