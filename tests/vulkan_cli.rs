@@ -33,6 +33,22 @@ fn generate_on_vulkan_matches_transformers() {
 }
 
 #[test]
+fn a_hybrid_model_on_vulkan_fails_cleanly_until_its_kernels_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("q35_f32", dir.path(), &[]);
+    let err = run_err(&[
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--backend",
+        "vulkan",
+    ]);
+    assert!(err.contains("not yet supported on Vulkan") && err.contains("--backend cpu"), "{err}");
+}
+
+#[test]
 fn verify_on_vulkan_passes() {
     let dir = tempfile::tempdir().unwrap();
     let bf16 = convert("bf16_sharded", dir.path(), &[]);
