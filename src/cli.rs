@@ -274,6 +274,11 @@ pub struct GenerateArgs {
     /// with --json add it to the stats.
     #[arg(long)]
     pub profile: bool,
+    /// Run the request once on a throwaway session first (fills the ring, builds the GPU
+    /// kernels, wakes the device clocks), so the stats, the profile and the trace describe
+    /// a warm engine.
+    #[arg(long)]
+    pub warmup: bool,
 }
 
 /// Engine settings shared by the commands that run a model.

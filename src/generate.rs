@@ -54,6 +54,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         spec_depth: args.engine.spec_depth,
     };
 
+    if args.warmup {
+        let mut kv = fwd.new_kv()?;
+        generate(&mut fwd, &mut kv, &req, || false, |_, _| true)?;
+    }
     if args.trace_out.is_some() {
         fwd.enable_trace();
     }
