@@ -88,10 +88,12 @@ EOF
 
 echo "== 1. resident decode: VRAM tier off vs holding every expert ($all bytes)"
 tokens=8 run warmup --prompt-ids "$ids" --vram-bytes 0 >/dev/null
-run off --prompt-ids "$ids" --vram-bytes 0 --logits-out "$out/off.logits"
-run all --prompt-ids "$ids" --vram-bytes "$all" --logits-out "$out/all.logits"
-run off-again --prompt-ids "$ids" --vram-bytes 0
-run all-again --prompt-ids "$ids" --vram-bytes "$all"
+# Each run warm (`--warmup`: the request once first, so the tier is filled and the GPU
+# clocked up before the measured run).
+run off --prompt-ids "$ids" --vram-bytes 0 --warmup --logits-out "$out/off.logits"
+run all --prompt-ids "$ids" --vram-bytes "$all" --warmup --logits-out "$out/all.logits"
+run off-again --prompt-ids "$ids" --vram-bytes 0 --warmup
+run all-again --prompt-ids "$ids" --vram-bytes "$all" --warmup
 if cmp -s "$out/off.logits" "$out/all.logits"; then
   echo "logits: tier off and tier on byte-identical"
 else
@@ -148,7 +150,7 @@ else
 fi
 
 echo "== 3. phase profiles"
-run profile-off --prompt-ids "$ids" --vram-bytes 0 --profile
+run profile-off --prompt-ids "$ids" --vram-bytes 0 --warmup --profile
 grep -v "^$" "$out/profile-off.err" | grep -v "INFO\|WARN" || true
-run profile-all --prompt-ids "$ids" --vram-bytes "$all" --profile
+run profile-all --prompt-ids "$ids" --vram-bytes "$all" --warmup --profile
 grep -v "^$" "$out/profile-all.err" | grep -v "INFO\|WARN" || true

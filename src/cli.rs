@@ -56,7 +56,8 @@ pub struct SynthArgs {
     /// Directory to write: a vault, or with `--format hf` a HuggingFace checkpoint.
     #[arg(long, required_unless_present = "vault")]
     pub out: Option<PathBuf>,
-    /// Model shape: tiny, tiny-e128, small, qwen3-30b-a3b or qwen3-235b-a22b.
+    /// Model shape: tiny, tiny-e128, small, qwen3-30b-a3b, qwen3-235b-a22b, or the hybrid
+    /// tiny-hybrid, qwen3-next-80b-a3b, qwen3.5-397b-a17b.
     #[arg(long, required_unless_present = "vault")]
     pub preset: Option<String>,
     /// Keep only the first N layers (so the model fits the disk at hand).
@@ -277,6 +278,11 @@ pub struct GenerateArgs {
     /// with --json add it to the stats.
     #[arg(long)]
     pub profile: bool,
+    /// Run the request once on a throwaway session first (fills the ring, builds the GPU
+    /// kernels, wakes the device clocks), so the stats, the profile and the trace describe
+    /// a warm engine.
+    #[arg(long)]
+    pub warmup: bool,
 }
 
 /// Engine settings shared by the commands that run a model.

@@ -54,9 +54,15 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         spec_depth: args.engine.spec_depth,
     };
 
+    if args.warmup {
+        let mut kv = fwd.new_kv()?;
+        generate(&mut fwd, &mut kv, &req, || false, |_, _| true)?;
+    }
     if args.trace_out.is_some() {
         fwd.enable_trace();
     }
+    // The VRAM tier's counters before this request (after the warm-up).
+    let vram_start = fwd.vram().unwrap_or_default();
     if args.profile {
         fwd.set_profiling(true)?;
     }
@@ -120,11 +126,19 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let union_max = all.iter().copied().max().unwrap_or(0);
     let slot_states: serde_json::Map<String, serde_json::Value> =
         SLOT_STATES.iter().zip(ring.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
-    // The VRAM tier (Vulkan, when on; else null): hits + fills = the expert claims.
+    // The VRAM tier (Vulkan, when on; else null): this request's counters (hits + fills =
+    // its expert claims) and the slots at the end.
     let vram = fwd.vram().map(|v| {
         let slots: serde_json::Map<String, serde_json::Value> =
             VRAM_SLOT_STATES.iter().zip(v.slots).map(|(n, c)| (n.to_string(), json!(c))).collect();
-        json!({"bytes": v.bytes, "hits": v.hits, "fills": v.fills, "evictions": v.evictions, "slots": slots})
+        let s = &vram_start;
+        json!({
+            "bytes": v.bytes,
+            "hits": v.hits - s.hits,
+            "fills": v.fills - s.fills,
+            "evictions": v.evictions - s.evictions,
+            "slots": slots,
+        })
     });
     let text = match &detok {
         Some(d) => d.text()?,

@@ -13,8 +13,8 @@ use crate::atomic_dir::Staging;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use smoe_proto::{
-    align_up, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, Manifest, ModelConfig,
-    ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
+    align_up, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, LayerType, Manifest,
+    ModelConfig, ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
 };
 
 use crate::quant::Quant;
@@ -36,11 +36,12 @@ pub const TOKENIZER_FILES: &[&str] = &[
 /// Where tensor data comes from.
 pub trait TensorSource {
     /// The element type tensor `name` of `shape` is stored in when the vault's weight type
-    /// is `dtype`: by default `dtype` for matrices, f32 for vectors (norms). Asked for
+    /// is `dtype`: by default `dtype` for matrices, f32 for vectors (norms) and the
+    /// DeltaNet convolution taps. Asked for
     /// every resident tensor, and for each expert matrix of a layer through expert 0's
     /// (every expert of a layer shares one layout).
-    fn dtype(&self, _name: &str, shape: &[usize], dtype: DType) -> DType {
-        resident_dtype(shape, dtype)
+    fn dtype(&self, name: &str, shape: &[usize], dtype: DType) -> DType {
+        resident_dtype(name, shape, dtype)
     }
 
     /// Streams tensor `name` (which must have `shape`) converted to `to`, handing the
@@ -110,21 +111,45 @@ pub fn resident_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
-        v.push((format!("{p}.input_layernorm.weight"), vec![h]));
-        v.push((format!("{p}.self_attn.q_proj.weight"), vec![cfg.q_dim(), h]));
-        v.push((format!("{p}.self_attn.k_proj.weight"), vec![cfg.kv_dim(), h]));
-        v.push((format!("{p}.self_attn.v_proj.weight"), vec![cfg.kv_dim(), h]));
-        v.push((format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_dim()]));
-        v.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
-        v.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
-        v.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        let mut t = |name: &str, shape: Vec<usize>| v.push((format!("{p}.{name}"), shape));
+        t("input_layernorm.weight", vec![h]);
+        match (cfg.layer_type(l), &cfg.hybrid) {
+            (LayerType::LinearAttention, Some(hy)) => {
+                let nv = hy.linear_num_value_heads;
+                t("linear_attn.in_proj.weight", vec![hy.in_proj_dim(), h]);
+                t("linear_attn.conv1d.weight", vec![hy.conv_dim(), hy.linear_conv_kernel_dim]);
+                t("linear_attn.A_log", vec![nv]);
+                t("linear_attn.dt_bias", vec![nv]);
+                t("linear_attn.norm.weight", vec![hy.linear_value_head_dim]);
+                t("linear_attn.out_proj.weight", vec![h, hy.value_dim()]);
+            }
+            _ => {
+                t("self_attn.q_proj.weight", vec![cfg.q_dim(), h]);
+                if cfg.hybrid.is_some() {
+                    t("self_attn.output_gate.weight", vec![cfg.q_dim(), h]);
+                }
+                t("self_attn.k_proj.weight", vec![cfg.kv_dim(), h]);
+                t("self_attn.v_proj.weight", vec![cfg.kv_dim(), h]);
+                t("self_attn.o_proj.weight", vec![h, cfg.q_dim()]);
+                t("self_attn.q_norm.weight", vec![hd]);
+                t("self_attn.k_norm.weight", vec![hd]);
+            }
+        }
+        t("post_attention_layernorm.weight", vec![h]);
         if cfg.is_moe_layer(l) {
-            v.push((format!("{p}.mlp.gate.weight"), vec![cfg.num_experts, h]));
+            t("mlp.gate.weight", vec![cfg.num_experts, h]);
+            let si = cfg.hybrid.as_ref().map_or(0, |hy| hy.shared_expert_intermediate_size);
+            if si > 0 {
+                t("mlp.shared_expert.gate_proj.weight", vec![si, h]);
+                t("mlp.shared_expert.up_proj.weight", vec![si, h]);
+                t("mlp.shared_expert.down_proj.weight", vec![h, si]);
+                t("mlp.shared_expert_gate.weight", vec![1, h]);
+            }
         } else {
             let i = cfg.intermediate_size;
-            v.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-            v.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
-            v.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+            t("mlp.gate_proj.weight", vec![i, h]);
+            t("mlp.up_proj.weight", vec![i, h]);
+            t("mlp.down_proj.weight", vec![h, i]);
         }
     }
     v.push(("model.norm.weight".to_string(), vec![h]));
@@ -139,9 +164,10 @@ pub fn expert_file_name(layer: usize) -> String {
     format!("experts/layer_{layer:03}.bin")
 }
 
-/// Element type a resident tensor is stored in: norms (1-D) always f32.
-fn resident_dtype(shape: &[usize], dtype: DType) -> DType {
-    if shape.len() == 1 {
+/// Element type a resident tensor is stored in: norms and other vectors (1-D) and the
+/// DeltaNet convolution taps always f32, other matrices `dtype`.
+pub fn resident_dtype(name: &str, shape: &[usize], dtype: DType) -> DType {
+    if shape.len() == 1 || name.ends_with("linear_attn.conv1d.weight") {
         DType::F32
     } else {
         dtype

@@ -78,6 +78,76 @@ fn wrong_typed_and_missing_config_fields() {
 }
 
 #[test]
+fn bad_hybrid_config_fields_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for (fixture, edit, want) in [
+        (
+            "next_f32",
+            r#"{"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]}"#,
+            &["`layer_types[1]`", "sliding_attention"][..],
+        ),
+        (
+            "next_f32",
+            r#"{"layer_types": ["linear_attention", "full_attention"]}"#,
+            &["`layer_types` has 2 entries", "4 layers"],
+        ),
+        (
+            "next_f32",
+            r#"{"linear_num_value_heads": 3}"#,
+            &["`linear_num_value_heads` (3)", "multiple of `linear_num_key_heads` (2)"],
+        ),
+        ("next_f32", r#"{"linear_conv_kernel_dim": 0}"#, &["`linear_conv_kernel_dim` must be positive"]),
+        ("next_f32", r#"{"attn_output_gate": false}"#, &["`attn_output_gate` is false"]),
+        (
+            "next_f32",
+            r#"{"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.3}}"#,
+            &["`partial_rotary_factor` (0.3)", "7 rotated dims"],
+        ),
+        (
+            "q35_f32",
+            r#"{"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5, "mrope_section": [2, 2, 3]}}"#,
+            &["`mrope_section` [2, 2, 3]", "6 (12 dims)"],
+        ),
+    ] {
+        let hf = copy_fixture(fixture, dir.path());
+        let path = hf.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let patch: serde_json::Value = serde_json::from_str(edit).unwrap();
+        for (k, v) in patch.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        let err = convert_err(&hf, &dir.path().join("v"));
+        assert!(want.iter().all(|w| err.contains(w)), "{edit}: {err}");
+        std::fs::remove_dir_all(&hf).unwrap();
+    }
+}
+
+#[test]
+fn missing_and_misshapen_deltanet_tensors_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_fixture("next_f32", dir.path());
+    const BA: &str = "model.layers.0.linear_attn.in_proj_ba.weight";
+    rewrite_tensors(&hf, |name, d, shape, data| (name != BA).then(|| (d, shape.to_vec(), data.to_vec())));
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(err.contains(BA) && err.contains("missing"), "{err}");
+
+    let hf = copy_fixture("q35_f32", dir.path());
+    const Z: &str = "model.layers.0.linear_attn.in_proj_z.weight";
+    rewrite_tensors(&hf, |name, d, shape, data| {
+        let mut shape = shape.to_vec();
+        if name == Z {
+            shape[0] /= 2;
+            return Some((d, shape, data[..data.len() / 2].to_vec()));
+        }
+        Some((d, shape, data.to_vec()))
+    });
+    let err = convert_err(&hf, &dir.path().join("v"));
+    assert!(err.contains(Z) && err.contains("has shape [20, 64]"), "{err}");
+}
+
+#[test]
 fn missing_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let hf = copy_fixture("moe_all", dir.path());

@@ -11,7 +11,7 @@ use common::*;
 #[test]
 fn verify_passes_on_every_fixture() {
     let dir = tempfile::tempdir().unwrap();
-    for name in FIXTURES {
+    for name in FIXTURES.iter().chain(HYBRID_FIXTURES) {
         let vault = convert(name, dir.path(), &[]);
         let out = run_ok(&["verify", "--vault", vault.to_str().unwrap(), "--chunk-sizes", "1,7,64"]);
         assert!(out.contains(" 0 failed"), "{name}:\n{out}");

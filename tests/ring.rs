@@ -347,3 +347,20 @@ fn start_up_touches_no_ring_memory() {
         assert!(used >= slot, "{name}: {used} bytes resident after reading experts of {slot} bytes");
     }
 }
+
+#[test]
+fn warmup_runs_the_request_once_so_the_measured_run_finds_its_experts_in_the_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = dir.path().join("tiny.vault");
+    run_ok(&["synth", "--out", vault.to_str().unwrap(), "--preset", "tiny"]);
+    let prompt = [3, 1, 4, 1, 5, 9, 2, 6];
+    let (cold_l, warm_l) = (dir.path().join("c.safetensors"), dir.path().join("w.safetensors"));
+    let flags = ["--ring-bytes", "1GiB"];
+    let cold = generate_json(&vault, &prompt, 4, &cold_l, &flags);
+    let warm = generate_json(&vault, &prompt, 4, &warm_l, &[&flags[..], &["--warmup"]].concat());
+    let reads = |o: &serde_json::Value, k: &str| o["stats"][k].as_u64().unwrap();
+    assert!(reads(&cold, "prefill_blob_reads") > 0, "{cold}");
+    assert_eq!(reads(&warm, "prefill_blob_reads") + reads(&warm, "decode_blob_reads"), 0, "{warm}");
+    assert_eq!(cold["token_ids"], warm["token_ids"]);
+    assert_eq!(read_f32(&cold_l, "logits").1, read_f32(&warm_l, "logits").1, "a warm ring changes no byte");
+}

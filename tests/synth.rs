@@ -1,5 +1,5 @@
-//! `synth` writes valid, deterministic random-weight vaults that the engine runs and
-//! that pass the identity gate; bad options are rejected clearly.
+//! `synth` writes valid, deterministic random-weight vaults (Qwen3-MoE and hybrid) that
+//! the engine runs and that pass the identity gate; bad options are rejected clearly.
 
 mod common;
 
@@ -10,18 +10,20 @@ fn synth_vaults_are_deterministic_and_pass_verify() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a.vault");
     let b = dir.path().join("b.vault");
+    // A hybrid model: three DeltaNet layers, then gated attention.
+    let c = dir.path().join("c.vault");
     let tok = fixture("moe_all");
-    for v in [&a, &b] {
+    for (v, preset, layers) in [(&a, "tiny", "3"), (&b, "tiny", "3"), (&c, "tiny-hybrid", "4")] {
         run_ok(&[
             "synth",
             "--out",
             v.to_str().unwrap(),
             "--preset",
-            "tiny",
+            preset,
             "--seed",
             "3",
             "--layers",
-            "3",
+            layers,
             "--tokenizer",
             tok.to_str().unwrap(),
         ]);
@@ -31,8 +33,17 @@ fn synth_vaults_are_deterministic_and_pass_verify() {
     let m: serde_json::Value = serde_json::from_str(&manifest(&a)).unwrap();
     assert_eq!(m["model"]["num_hidden_layers"], 3);
     assert!(m["tokenizer_files"].as_array().unwrap().iter().any(|f| f == "tokenizer.json"));
-    let out = run_ok(&["verify", "--vault", a.to_str().unwrap(), "--chunk-sizes", "3,16", "--tokens", "4"]);
-    assert!(out.contains(" 0 failed"), "{out}");
+    let hybrid: serde_json::Value = serde_json::from_str(&manifest(&c)).unwrap();
+    let types = &hybrid["model"]["hybrid"]["layer_types"];
+    assert_eq!(
+        types,
+        &serde_json::json!(["linear_attention", "linear_attention", "linear_attention", "full_attention"])
+    );
+    for v in [&a, &c] {
+        let out =
+            run_ok(&["verify", "--vault", v.to_str().unwrap(), "--chunk-sizes", "3,16", "--tokens", "4"]);
+        assert!(out.contains(" 0 failed"), "{out}");
+    }
     let text = run_ok(&[
         "generate",
         "--vault",
@@ -57,4 +68,8 @@ fn synth_rejects_bad_options() {
     assert!(err.contains("--layers"), "{err}");
     let err = run_err(&["synth", "--out", o, "--preset", "tiny", "--tokenizer", "/nonexistent"]);
     assert!(err.contains("tokenizer.json"), "{err}");
+    let err = run_err(&["synth", "--out", o, "--preset", "tiny-hybrid", "--routing", "trained"]);
+    assert!(err.contains("--routing uniform"), "{err}");
+    let err = run_err(&["synth", "--out", o, "--preset", "qwen3.5-397b-a17b", "--format", "hf"]);
+    assert!(err.contains("Qwen3-MoE checkpoints only"), "{err}");
 }

@@ -59,7 +59,10 @@ fn run(dir: &Path, vault: &Path, vram: u64, extra: &[&str]) -> (Value, Vec<f32>)
 fn check_counters(out: &Value, slots: u64) {
     let s = &out["stats"];
     let t = &s["vram"];
-    let claims = s["ring_hits"].as_u64().unwrap() + s["ring_misses"].as_u64().unwrap();
+    let claims: u64 = ["prefill_ring_hits", "prefill_blob_reads", "decode_ring_hits", "decode_blob_reads"]
+        .iter()
+        .map(|k| s[k].as_u64().unwrap())
+        .sum();
     let (hits, fills, evictions) =
         (t["hits"].as_u64().unwrap(), t["fills"].as_u64().unwrap(), t["evictions"].as_u64().unwrap());
     assert_eq!(hits + fills, claims, "hits + fills = expert claims: {t}");
@@ -87,8 +90,8 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         check_counters(&out, all);
         assert_eq!(out["stats"]["vram"]["evictions"], 0, "{out}");
         assert!(out["stats"]["vram"]["hits"].as_u64().unwrap() > 0, "{out}");
-        // `Phase::ALL` index 8: expert upload, in the prefill regime.
-        let upload = &out["stats"]["profile"]["regimes"][0]["phases"][8];
+        // `Phase::ALL` index 9: expert upload, in the prefill regime.
+        let upload = &out["stats"]["profile"]["regimes"][0]["phases"][9];
         assert!(upload["device"].as_f64().unwrap() > 0.0, "{upload}");
         // Two slots: one of each of the two sizes of Q4_K_M, two of bf16's one.
         let two = if st.len() == 1 { 2 * st[0] } else { st.iter().sum() };

@@ -17,7 +17,10 @@
 
 use std::sync::Arc;
 
-use smoe_proto::{ClaimEvent, ClaimTally, ExpertHandle, GateInput, RouteJob, VaultError, VramSnapshot};
+use smoe_proto::{
+    ClaimEvent, ClaimTally, ExpertHandle, GateInput, HybridConfig, ModelConfig, RouteJob, VaultError,
+    VramSnapshot,
+};
 
 use crate::model::Model;
 use crate::profile::{Phase, PhaseProfile, Regime};
@@ -38,8 +41,53 @@ pub enum Plane {
     V,
     /// Attention output before the output projection (`heads · head_dim`).
     Attn,
-    /// A dense feed-forward block's gated intermediate (`intermediate_size`).
+    /// A dense feed-forward block's (or the shared expert's) gated intermediate.
     Hidden,
+    /// The attention output gate (`heads · head_dim`; hybrid models).
+    Gate,
+    /// A DeltaNet layer's input projection, `[q | k | v | z | b | a]`; the convolution
+    /// turns its `q | k | v` channels into the delta rule's inputs in place.
+    Lin,
+    /// A DeltaNet layer's output before its output projection (`value heads · value dim`).
+    Core,
+    /// The shared expert's output (`hidden_size`).
+    Shared,
+    /// The shared expert's gate logit (one per row).
+    SharedGate,
+}
+
+impl Plane {
+    /// Every plane, in declaration order (`p as usize` indexes it).
+    pub const ALL: [Plane; 12] = [
+        Plane::X,
+        Plane::Xn,
+        Plane::Q,
+        Plane::K,
+        Plane::V,
+        Plane::Attn,
+        Plane::Hidden,
+        Plane::Gate,
+        Plane::Lin,
+        Plane::Core,
+        Plane::Shared,
+        Plane::SharedGate,
+    ];
+
+    /// Floats per row of the plane for model `c` (0 for planes the model never uses).
+    pub fn width(self, c: &ModelConfig) -> usize {
+        let hy = c.hybrid.as_ref();
+        match self {
+            Plane::X | Plane::Xn => c.hidden_size,
+            Plane::Q | Plane::Attn => c.q_dim(),
+            Plane::K | Plane::V => c.kv_dim(),
+            Plane::Hidden => c.intermediate_size.max(hy.map_or(0, |h| h.shared_expert_intermediate_size)),
+            Plane::Gate => hy.map_or(0, |_| c.q_dim()),
+            Plane::Lin => hy.map_or(0, HybridConfig::in_proj_dim),
+            Plane::Core => hy.map_or(0, HybridConfig::value_dim),
+            Plane::Shared => hy.map_or(0, |_| c.hidden_size),
+            Plane::SharedGate => hy.map_or(0, |_| 1),
+        }
+    }
 }
 
 /// Whether an operation overwrites its output plane or adds to it (the residual add).
@@ -101,8 +149,16 @@ pub enum ForwardError {
     },
 }
 
-/// A per-session cache (keys and values of the attention layers) that can be cut back
-/// to a prefix.
+/// Most DeltaNet state snapshots one session's cache keeps for prefix reuse (the
+/// newest; see [`KvState::snapshot`]).
+pub const STATE_SNAPSHOTS: usize = 4;
+
+/// Fewest positions between two DeltaNet state snapshots (a token-serial prefill would
+/// otherwise copy the states after every token).
+pub const SNAPSHOT_SPACING: usize = 16;
+
+/// A per-session cache: keys and values of the attention layers, and for hybrid models
+/// the conv and recurrent states of the DeltaNet layers.
 pub trait KvState: Send {
     /// Positions held.
     fn len(&self) -> usize;
@@ -110,8 +166,20 @@ pub trait KvState: Send {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Keeps only the first `len` positions.
-    fn truncate(&mut self, len: usize);
+    /// Cuts the cache back to at most `len` positions and returns how many it holds
+    /// then. Keys and values cut anywhere; a recurrent state cannot be cut back, so a
+    /// cache holding one returns to the longest state it kept at or below `len` (or to
+    /// nothing).
+    fn truncate(&mut self, len: usize) -> usize;
+    /// Positions [`KvState::truncate`]`(len)` would keep.
+    fn reusable(&self, len: usize) -> usize {
+        self.len().min(len)
+    }
+    /// Keeps the states at the current length as a point a later [`KvState::truncate`]
+    /// can return to (called at the end of each prefill chunk). A cache keeps at most
+    /// [`STATE_SNAPSHOTS`], the newest, at least [`SNAPSHOT_SPACING`] positions apart; a
+    /// cache that can be cut anywhere keeps none.
+    fn snapshot(&mut self) {}
     /// Records that `n` more positions were filled by a forward pass.
     fn advance(&mut self, n: usize);
 }
@@ -157,6 +225,36 @@ pub trait Backend {
         start: usize,
         rows: usize,
     ) -> Result<(), ForwardError>;
+    /// Causal depthwise convolution with taps `w` (`[channels, kernel]`) and SiLU over the
+    /// `q | k | v` channels of [`Plane::Lin`], in place, row by row in order, rolling
+    /// DeltaNet layer `layer`'s conv state in `kv`.
+    fn conv1d(
+        &mut self,
+        layer: usize,
+        w: &TensorRef,
+        kv: &mut Self::Kv,
+        rows: usize,
+    ) -> Result<(), ForwardError>;
+    /// The gated delta rule of DeltaNet layer `layer`, row by row in order, in the
+    /// single-token step's own order: per value head, L2-normed query and key (the
+    /// query scaled by `1/√key_dim`), `β = σ(b)`, `g = −exp(a_log)·softplus(a + dt_bias)`,
+    /// the state decayed by `exp(g)`, corrected by `β·(v − Sᵀk)` along `k`, and read with
+    /// the query into [`Plane::Core`].
+    fn delta_rule(
+        &mut self,
+        layer: usize,
+        a_log: &TensorRef,
+        dt_bias: &TensorRef,
+        kv: &mut Self::Kv,
+        rows: usize,
+    ) -> Result<(), ForwardError>;
+    /// RMSNorm of each value head of [`Plane::Core`] with weight `w`, times `silu(z)` (the
+    /// `z` channels of [`Plane::Lin`]), in place.
+    fn gated_rmsnorm(&mut self, w: &TensorRef, rows: usize) -> Result<(), ForwardError>;
+    /// `dst ⊙= σ(gate)` element by element (the attention output gate).
+    fn sigmoid_mul(&mut self, dst: Plane, gate: Plane, rows: usize) -> Result<(), ForwardError>;
+    /// `X += σ(gate[t][0]) · src[t]` for each row `t` (the shared expert's gate).
+    fn gated_add(&mut self, src: Plane, gate: Plane, rows: usize) -> Result<(), ForwardError>;
     /// `silu(gate · src) ⊙ (up · src)` into [`Plane::Hidden`].
     fn swiglu(
         &mut self,

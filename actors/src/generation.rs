@@ -5,7 +5,8 @@
 //! Prefill runs every prompt token except the last through [`ForwardPass::forward`] in
 //! blocks of up to `max_rows` tokens (the chunk size; 1 is token-serial replay). The
 //! last prompt token goes through the ordinary decode step, so the LM head and the
-//! sampler run only where a token is emitted.
+//! sampler run only where a token is emitted. The cache may keep its states at the end of
+//! each chunk ([`KvState::snapshot`]) for later prefix reuse.
 
 use std::time::Instant;
 
@@ -65,6 +66,7 @@ pub fn generate<P: ForwardPass>(
             break;
         }
         fwd.forward(kv, block, false)?;
+        kv.snapshot();
         let sizes = fwd.last_union_sizes();
         stats.prefill_unions.push(moe_layers.iter().map(|&l| sizes[l]).collect());
     }

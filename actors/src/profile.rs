@@ -44,6 +44,9 @@ pub enum Phase {
     /// Full attention: q/k/v projections, q/k norm and RoPE, attention over the cache,
     /// output projection.
     Attention,
+    /// A gated-DeltaNet layer's own operations: the causal conv1d, the delta rule and the
+    /// gated norm (its projections count as attention).
+    DeltaNet,
     /// A dense layer's SwiGLU feed-forward block.
     DenseFfn,
     /// The router gate on the device and the logits' trip back to the host (a sync
@@ -70,10 +73,11 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in layer-loop order.
-    pub const ALL: [Phase; 13] = [
+    pub const ALL: [Phase; 14] = [
         Phase::Embed,
         Phase::Norm,
         Phase::Attention,
+        Phase::DeltaNet,
         Phase::DenseFfn,
         Phase::RouterGate,
         Phase::RouterStage,
@@ -92,6 +96,7 @@ impl Phase {
             Phase::Embed => "embed",
             Phase::Norm => "norm",
             Phase::Attention => "attention",
+            Phase::DeltaNet => "deltanet (conv, delta rule, gated norm)",
             Phase::DenseFfn => "dense ffn",
             Phase::RouterGate => "router gate + readback",
             Phase::RouterStage => "router top-k/union",

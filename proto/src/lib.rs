@@ -19,7 +19,7 @@ pub use ggml::GgmlType;
 pub use handle::{ExpertHandle, ExpertKey, ExpertSource, SlotOwner};
 pub use job::{FinishReason, GenerateStats, JobEvent, JobFailure};
 pub use messages::{ClaimEvent, ClaimInfo, ClaimTally, Priority, ReadRequest};
-pub use model_config::ModelConfig;
+pub use model_config::{HybridConfig, LayerType, ModelConfig};
 pub use route::{GateInput, RouteJob};
 pub use stats::{RingSnapshot, VramSnapshot};
 pub use vault_format::{

@@ -55,6 +55,144 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Token ids that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// The hybrid family's extra shape (Qwen3-Next, Qwen3.5-MoE): gated-DeltaNet layers
+    /// beside gated full attention, a shared expert beside the routed ones. `None` for
+    /// Qwen3-MoE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<HybridConfig>,
+}
+
+/// What mixes tokens in one decoder layer of a hybrid model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    /// Gated softmax attention over a KV cache.
+    FullAttention,
+    /// Gated DeltaNet linear attention over a conv state and a recurrent state.
+    LinearAttention,
+}
+
+/// The hybrid family's shape (Qwen3-Next, Qwen3.5-MoE), as transformers' `Qwen3NextConfig`
+/// names it.
+///
+/// Vaults of this family store what transformers computes, in the engine's layout: the
+/// zero-centred RMSNorm weights `w` (input, post-attention, q/k and final norms) as
+/// `1 + w` in f32 (the sum transformers forms before it multiplies); the query and
+/// output-gate halves of `q_proj` as `q_proj` and `output_gate`; the DeltaNet input
+/// projections as one `in_proj` with rows `[q | k | v | z | b | a]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HybridConfig {
+    /// The mixer of every decoder layer.
+    pub layer_types: Vec<LayerType>,
+    /// Query/key heads of a DeltaNet layer.
+    pub linear_num_key_heads: usize,
+    /// Value heads of a DeltaNet layer (a multiple of the key heads).
+    pub linear_num_value_heads: usize,
+    /// Width of one DeltaNet query/key head.
+    pub linear_key_head_dim: usize,
+    /// Width of one DeltaNet value head.
+    pub linear_value_head_dim: usize,
+    /// Taps of the causal depthwise convolution.
+    pub linear_conv_kernel_dim: usize,
+    /// Fraction of each attention head that RoPE rotates.
+    pub partial_rotary_factor: f64,
+    /// Multimodal RoPE sections (temporal, height, width) in rotary frequency pairs;
+    /// empty when the model has none. Text positions are equal in all three, so every
+    /// layout of the sections gives the plain table.
+    pub mrope_section: Vec<usize>,
+    /// Whether the sections interleave (Qwen3.5) rather than follow each other.
+    pub mrope_interleaved: bool,
+    /// Intermediate width of the shared expert (0: none).
+    pub shared_expert_intermediate_size: usize,
+}
+
+impl HybridConfig {
+    /// Width of the DeltaNet queries (and keys) of all heads.
+    pub fn key_dim(&self) -> usize {
+        self.linear_num_key_heads * self.linear_key_head_dim
+    }
+
+    /// Width of the DeltaNet values of all heads.
+    pub fn value_dim(&self) -> usize {
+        self.linear_num_value_heads * self.linear_value_head_dim
+    }
+
+    /// Channels of the causal convolution (`q | k | v`).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Rows of the fused DeltaNet input projection (`q | k | v | z | b | a`).
+    pub fn in_proj_dim(&self) -> usize {
+        self.conv_dim() + self.value_dim() + 2 * self.linear_num_value_heads
+    }
+
+    /// Floats of one DeltaNet layer's conv state (the last `kernel - 1` inputs).
+    pub fn conv_state_len(&self) -> usize {
+        self.linear_conv_kernel_dim.saturating_sub(1) * self.conv_dim()
+    }
+
+    /// Floats of one DeltaNet layer's recurrent state (`[value head][key dim][value dim]`).
+    pub fn recurrent_state_len(&self) -> usize {
+        self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+    }
+
+    /// Rotated width of an attention head of `head_dim` (transformers truncates).
+    pub fn rotary_dim(&self, head_dim: usize) -> usize {
+        (head_dim as f64 * self.partial_rotary_factor) as usize
+    }
+
+    /// Checks the hybrid shape against a model of `layers` layers with attention heads
+    /// of `head_dim`.
+    fn validate(&self, layers: usize, head_dim: usize) -> Result<(), String> {
+        if self.layer_types.len() != layers {
+            return Err(format!(
+                "`layer_types` has {} entries but the model has {layers} layers",
+                self.layer_types.len()
+            ));
+        }
+        let positive = [
+            ("linear_num_key_heads", self.linear_num_key_heads),
+            ("linear_num_value_heads", self.linear_num_value_heads),
+            ("linear_key_head_dim", self.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim),
+            ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("`{name}` must be positive"));
+            }
+            if v > 1 << 16 {
+                return Err(format!("`{name}` ({v}) must be at most 65536"));
+            }
+        }
+        if !self.linear_num_value_heads.is_multiple_of(self.linear_num_key_heads) {
+            return Err(format!(
+                "`linear_num_value_heads` ({}) must be a multiple of `linear_num_key_heads` ({})",
+                self.linear_num_value_heads, self.linear_num_key_heads
+            ));
+        }
+        let f = self.partial_rotary_factor;
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(format!("`partial_rotary_factor` ({f}) must be in (0, 1]"));
+        }
+        let rotary = self.rotary_dim(head_dim);
+        if rotary == 0 || !rotary.is_multiple_of(2) {
+            return Err(format!(
+                "`partial_rotary_factor` ({f}) of `head_dim` {head_dim} gives {rotary} rotated dims; it must be even and positive"
+            ));
+        }
+        let pairs: usize = self.mrope_section.iter().sum();
+        if !self.mrope_section.is_empty() && pairs != rotary / 2 {
+            return Err(format!(
+                "`mrope_section` {:?} covers {pairs} frequency pairs but RoPE rotates {} ({rotary} dims)",
+                self.mrope_section,
+                rotary / 2
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl ModelConfig {
@@ -77,6 +215,24 @@ impl ModelConfig {
         self.num_experts > 0
             && self.decoder_sparse_step > 0
             && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+    }
+
+    /// The mixer of decoder layer `layer` (full attention for Qwen3-MoE).
+    pub fn layer_type(&self, layer: usize) -> LayerType {
+        match &self.hybrid {
+            Some(h) => h.layer_types.get(layer).copied().unwrap_or(LayerType::FullAttention),
+            None => LayerType::FullAttention,
+        }
+    }
+
+    /// Indices of the full-attention layers (the ones with a KV cache), in order.
+    pub fn attention_layers(&self) -> Vec<usize> {
+        (0..self.num_hidden_layers).filter(|&l| self.layer_type(l) == LayerType::FullAttention).collect()
+    }
+
+    /// Width RoPE rotates in each attention head.
+    pub fn rotary_dim(&self) -> usize {
+        self.hybrid.as_ref().map_or(self.head_dim, |h| h.rotary_dim(self.head_dim))
     }
 
     /// Rows of the fused query projection.
@@ -157,6 +313,9 @@ impl ModelConfig {
         if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err("`rope_theta` must be positive".into());
         }
-        Ok(())
+        match &self.hybrid {
+            Some(h) => h.validate(self.num_hidden_layers, self.head_dim),
+            None => Ok(()),
+        }
     }
 }

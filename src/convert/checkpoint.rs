@@ -171,18 +171,11 @@ impl Checkpoint {
         Ok(Checkpoint { shards, maps, tensors })
     }
 
-    /// Looks up `name`, checking that its shape is `shape`.
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<(&TensorInfo, &[u8])> {
+    /// Looks up `name`, whatever its shape.
+    pub fn tensor(&self, name: &str) -> Result<(&TensorInfo, &[u8])> {
         let info = self.tensors.get(name).with_context(|| {
             format!("tensor `{name}` is missing from the checkpoint ({} shard(s))", self.shards.len())
         })?;
-        if info.shape != shape {
-            bail!(
-                "tensor `{name}` in {} has shape {:?}, but config.json implies {shape:?}",
-                self.shards[info.shard].display(),
-                info.shape
-            );
-        }
         Ok((info, &self.maps[info.shard][info.start..info.end]))
     }
 }

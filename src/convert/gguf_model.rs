@@ -189,6 +189,7 @@ pub fn model_config(g: &GgufFile) -> Result<ModelConfig> {
         mlp_only_layers: (0..layers).filter(|l| !has(format!("blk.{l}.ffn_gate_inp.weight"))).collect(),
         tie_word_embeddings: !has("output.weight".into()),
         eos_token_ids: eos,
+        hybrid: None,
     };
     cfg.validate().map_err(|e| anyhow::anyhow!("the model the GGUF metadata describes is invalid: {e}"))?;
     check_tensors(g, &cfg)?;

@@ -8,12 +8,13 @@ pub mod gguf;
 pub mod gguf_model;
 pub mod gguf_tokenizer;
 pub mod hf_config;
+pub mod layout;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use smoe_actors::cpu::quantize::encode_rows;
-use smoe_proto::{DType, Manifest};
+use smoe_proto::{DType, Manifest, ModelConfig};
 
 use crate::quant::Quant;
 use crate::vault_writer::{write_vault, TensorSource, VaultSpec};
@@ -85,9 +86,10 @@ pub struct ConvertOptions {
 }
 
 /// A checkpoint as a tensor source: each tensor is streamed from its memory map
-/// through a fixed-size conversion buffer.
+/// through a fixed-size conversion buffer, its rows taken as [`layout::recipe`] says.
 struct CheckpointSource<'a> {
     ckpt: &'a Checkpoint,
+    cfg: &'a ModelConfig,
     vals: Vec<f32>,
     buf: Vec<u8>,
 }
@@ -100,15 +102,45 @@ impl TensorSource for CheckpointSource<'_> {
         to: DType,
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        let (info, bytes) = self.ckpt.get(name, shape)?;
+        let recipe = layout::recipe(self.cfg, self.ckpt, name, shape)?;
         let cols = shape.last().copied().unwrap_or(1);
-        for chunk in bytes.chunks(step_elems(cols) * info.dtype.size()) {
-            self.buf.clear();
-            convert_elems(chunk, info.dtype, to, cols, &mut self.vals, &mut self.buf)
-                .with_context(|| format!("tensor `{name}`"))?;
-            emit(&self.buf)?;
+        if recipe.add_one && to != DType::F32 {
+            bail!("internal error: the zero-centred norm `{name}` must be stored as f32");
+        }
+        for (src, ranges) in &recipe.parts {
+            let (info, bytes) = self.ckpt.tensor(src)?;
+            let row_bytes = cols * info.dtype.size();
+            for rows in ranges {
+                let part = &bytes[rows.start * row_bytes..rows.end * row_bytes];
+                for chunk in part.chunks(step_elems(cols) * info.dtype.size()) {
+                    self.buf.clear();
+                    convert_elems(chunk, info.dtype, to, cols, &mut self.vals, &mut self.buf)
+                        .with_context(|| format!("tensor `{name}`"))?;
+                    if recipe.add_one {
+                        for b in self.buf.chunks_exact_mut(4) {
+                            let v = 1.0 + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                            b.copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    emit(&self.buf)?;
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// Says which checkpoint tensors the engine does not run (a vision tower, multi-token
+/// prediction heads): they are left out of the vault.
+fn log_skipped(ckpt: &Checkpoint) {
+    let count = |f: &dyn Fn(&str) -> bool| ckpt.tensors.keys().filter(|n| f(n)).count();
+    let vision = count(&|n| n.starts_with("model.visual.") || n.starts_with("visual."));
+    let mtp = count(&|n| n.starts_with("mtp."));
+    if vision > 0 {
+        eprintln!("skipping {vision} vision tensors (the engine runs the text model)");
+    }
+    if mtp > 0 {
+        eprintln!("skipping {mtp} multi-token-prediction (MTP) tensors");
     }
 }
 
@@ -130,6 +162,7 @@ fn convert_hf(hf: &Path, opts: &ConvertOptions) -> Result<Manifest> {
         .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
         .collect();
     eprintln!("reading the checkpoint {}: {}", hf.display(), files.join(", "));
+    log_skipped(&ckpt);
     let all_bf16 = ckpt.tensors.values().filter(|t| t.shape.len() == 2).all(|t| t.dtype == SrcDtype::Bf16);
     let dtype = opts.dtype.unwrap_or(if all_bf16 { DType::Bf16 } else { DType::F32 });
     let spec = VaultSpec {
@@ -143,6 +176,6 @@ fn convert_hf(hf: &Path, opts: &ConvertOptions) -> Result<Manifest> {
         tokenizer_files: Vec::new(),
         label: "converting",
     };
-    let mut src = CheckpointSource { ckpt: &ckpt, vals: Vec::new(), buf: Vec::new() };
+    let mut src = CheckpointSource { ckpt: &ckpt, cfg: &cfg, vals: Vec::new(), buf: Vec::new() };
     write_vault(&spec, &mut src)
 }

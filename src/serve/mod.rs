@@ -23,7 +23,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::startup::open_engine;
 use anyhow::{Context, Result};
 use kameo::actor::Spawn;
-use smoe_actors::ring::budget::kv_cache_bytes;
+use smoe_actors::contract::STATE_SNAPSHOTS;
+use smoe_actors::ring::budget::session_bytes;
 use smoe_actors::scheduler::{CancelAll, Drain, Scheduler, SchedulerOptions};
 use smoe_proto::human_bytes;
 use tokio::sync::watch;
@@ -126,12 +127,22 @@ async fn serve(config: Config) -> Result<()> {
         template.origin,
         manifest.format_summary()
     );
-    let kv_bytes = kv_cache_bytes(cfg, engine.model.max_context) as usize;
+    let per = session_bytes(cfg, engine.model.max_context);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let states = match per.states {
+        0 => String::new(),
+        s => format!(
+            " (keys/values {:.1} MiB, DeltaNet states {:.1} MiB, up to {STATE_SNAPSHOTS} state snapshots {:.1} MiB)",
+            mib(per.kv),
+            mib(s),
+            mib(per.snapshots)
+        ),
+    };
     tracing::info!(
-        "KV cache: {:.1} MiB per session at max_context, up to {} sessions ({:.1} MiB)",
-        kv_bytes as f64 / (1 << 20) as f64,
+        "KV cache: {:.1} MiB per session at max_context{states}, up to {} sessions ({:.1} MiB)",
+        mib(per.total()),
         config.max_sessions,
-        (kv_bytes * config.max_sessions) as f64 / (1 << 20) as f64
+        mib(per.total() * config.max_sessions as u64)
     );
     let id = match (&config.model_name, demo) {
         (Some(n), _) => n.clone(),

@@ -19,7 +19,7 @@ mod trained;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use smoe_proto::{human_bytes, DType, Manifest, ModelConfig};
+use smoe_proto::{human_bytes, DType, HybridConfig, LayerType, Manifest, ModelConfig};
 
 use crate::cli::{RoutingProfile, SynthArgs, SynthFormat};
 use crate::quant::Quant;
@@ -29,7 +29,16 @@ use random::{RandomSource, Shaper};
 use trained::{Targets, TrainedProfile};
 
 /// Names of the built-in presets.
-pub const PRESETS: &[&str] = &["tiny", "tiny-e128", "small", "qwen3-30b-a3b", "qwen3-235b-a22b"];
+pub const PRESETS: &[&str] = &[
+    "tiny",
+    "tiny-e128",
+    "small",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
+    "tiny-hybrid",
+    "qwen3-next-80b-a3b",
+    "qwen3.5-397b-a17b",
+];
 
 /// The model configuration of a preset (full depth).
 pub fn preset(name: &str) -> Result<ModelConfig> {
@@ -53,6 +62,7 @@ pub fn preset(name: &str) -> Result<ModelConfig> {
         mlp_only_layers: vec![],
         tie_word_embeddings: false,
         eos_token_ids: vec![151645, 151643],
+        hybrid: None,
     };
     Ok(match name {
         "tiny" => ModelConfig {
@@ -75,6 +85,7 @@ pub fn preset(name: &str) -> Result<ModelConfig> {
             mlp_only_layers: vec![],
             tie_word_embeddings: false,
             eos_token_ids: vec![],
+            hybrid: None,
         },
         // Tiny, with Qwen3's routing geometry (128 experts, top-8) and 32-wide heads:
         // for routing statistics in seconds.
@@ -96,8 +107,83 @@ pub fn preset(name: &str) -> Result<ModelConfig> {
         },
         "qwen3-30b-a3b" => qwen3(2048, 48, 32, 768, 6144),
         "qwen3-235b-a22b" => qwen3(4096, 94, 64, 1536, 12288),
+        // The hybrid family: 3 gated-DeltaNet layers to 1 gated-attention layer, a shared
+        // expert beside the routed ones.
+        "tiny-hybrid" => ModelConfig {
+            architecture: "Qwen3_5MoeForCausalLM".into(),
+            intermediate_size: 0,
+            hybrid: Some(hybrid(4, 2, 4, 16, 16, 32, vec![])),
+            ..preset("tiny")?
+        },
+        // Qwen/Qwen3-Next-80B-A3B-Instruct's config.json.
+        "qwen3-next-80b-a3b" => ModelConfig {
+            architecture: "Qwen3NextForCausalLM".into(),
+            hidden_size: 2048,
+            intermediate_size: 5120,
+            moe_intermediate_size: 512,
+            num_hidden_layers: 48,
+            num_attention_heads: 16,
+            num_key_value_heads: 2,
+            head_dim: 256,
+            rope_theta: 1e7,
+            max_position_embeddings: 262144,
+            num_experts: 512,
+            num_experts_per_tok: 10,
+            hybrid: Some(hybrid(48, 16, 32, 128, 128, 512, vec![])),
+            ..qwen3(2048, 48, 16, 512, 5120)
+        },
+        // Qwen/Qwen3.5-397B-A17B's text model.
+        "qwen3.5-397b-a17b" => ModelConfig {
+            architecture: "Qwen3_5MoeForCausalLM".into(),
+            hidden_size: 4096,
+            intermediate_size: 0,
+            moe_intermediate_size: 1024,
+            num_hidden_layers: 60,
+            num_attention_heads: 32,
+            num_key_value_heads: 2,
+            head_dim: 256,
+            vocab_size: 248320,
+            rope_theta: 1e7,
+            max_position_embeddings: 262144,
+            num_experts: 512,
+            num_experts_per_tok: 10,
+            eos_token_ids: vec![],
+            hybrid: Some(hybrid(60, 16, 64, 128, 128, 1024, vec![11, 11, 10])),
+            ..qwen3(4096, 60, 32, 1024, 0)
+        },
         _ => bail!("unknown preset {name:?}; choose one of {PRESETS:?}"),
     })
+}
+
+/// A hybrid shape of `layers` layers (every fourth full attention), DeltaNet heads
+/// `k_heads`/`v_heads` of `k_dim`/`v_dim`, conv kernel 4, partial RoPE 0.25, a shared
+/// expert of `shared` and the interleaved mrope sections `mrope`.
+fn hybrid(
+    layers: usize,
+    k_heads: usize,
+    v_heads: usize,
+    k_dim: usize,
+    v_dim: usize,
+    shared: usize,
+    mrope: Vec<usize>,
+) -> HybridConfig {
+    HybridConfig {
+        layer_types: (0..layers)
+            .map(|l| match (l + 1).is_multiple_of(4) {
+                true => LayerType::FullAttention,
+                false => LayerType::LinearAttention,
+            })
+            .collect(),
+        linear_num_key_heads: k_heads,
+        linear_num_value_heads: v_heads,
+        linear_key_head_dim: k_dim,
+        linear_value_head_dim: v_dim,
+        linear_conv_kernel_dim: 4,
+        partial_rotary_factor: 0.25,
+        mrope_interleaved: !mrope.is_empty(),
+        mrope_section: mrope,
+        shared_expert_intermediate_size: shared,
+    }
 }
 
 /// How the synthetic model routes.
@@ -156,6 +242,18 @@ pub fn synth(opts: &SynthOptions) -> Result<String> {
             bail!("--layers must be in 1..={} for preset {}", cfg.num_hidden_layers, opts.preset);
         }
         cfg.num_hidden_layers = n;
+        if let Some(h) = cfg.hybrid.as_mut() {
+            h.layer_types.truncate(n);
+        }
+    }
+    if cfg.hybrid.is_some() && !matches!(opts.routing, Routing::Uniform) {
+        bail!(
+            "preset {}: the trained routing profile shapes Qwen3-MoE models only; use --routing uniform",
+            opts.preset
+        );
+    }
+    if cfg.hybrid.is_some() && matches!(opts.format, Format::Hf { .. }) {
+        bail!("preset {}: --format hf writes Qwen3-MoE checkpoints only; write a vault", opts.preset);
     }
     if let Some(dir) = &opts.tokenizer {
         if !dir.join("tokenizer.json").exists() {
@@ -297,4 +395,38 @@ pub fn run(a: &SynthArgs) -> Result<()> {
         print!("{}", stats.table());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vault_writer::resident_tensors;
+
+    /// Parameters of a preset's text model: resident tensors plus every routed expert.
+    fn parameters(cfg: &ModelConfig) -> f64 {
+        let resident: usize = resident_tensors(cfg).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+        let experts =
+            cfg.moe_layers().len() * cfg.num_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size;
+        (resident + experts) as f64
+    }
+
+    #[test]
+    fn every_preset_is_valid_and_the_real_ones_have_their_sizes() {
+        for name in PRESETS {
+            preset(name).unwrap().validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        // Total parameters as the model cards give them (text model, no MTP/vision).
+        for (name, billions) in [
+            ("qwen3-30b-a3b", 30.5),
+            ("qwen3-235b-a22b", 235.1),
+            ("qwen3-next-80b-a3b", 79.7),
+            ("qwen3.5-397b-a17b", 395.0),
+        ] {
+            let got = parameters(&preset(name).unwrap()) / 1e9;
+            assert!(
+                (got - billions).abs() / billions < 0.02,
+                "{name}: {got:.1}B parameters, expected ~{billions}B"
+            );
+        }
+    }
 }

@@ -30,10 +30,14 @@ fn tensor_rng(seed: u64, name: &str) -> ChaCha8Rng {
 
 /// The range tensor `name` is drawn from: uniform with the variance of N(0, 1/fan_in)
 /// for matrices (a larger scale for router gates, so routing is decisive), N(0, 1)-like
-/// embeddings, and norm weights in [0.5, 1.5].
+/// embeddings, norm weights in [0.5, 1.5] (and the hybrid family's other vectors, but its
+/// DeltaNet log decay rates in [−3, 0]).
 fn value_range(name: &str, shape: &[usize]) -> (f32, f32) {
     let fan_in = *shape.last().unwrap_or(&1) as f32;
-    if shape.len() == 1 {
+    if name.ends_with("linear_attn.A_log") {
+        // DeltaNet decay rates A = exp(A_log) in [0.05, 1].
+        (-3.0, 0.0)
+    } else if shape.len() == 1 {
         (0.5, 1.5)
     } else if name.ends_with("embed_tokens.weight") {
         (-1.7, 1.7)

@@ -14,6 +14,10 @@ use smoe_proto::{FinishReason, GenerateStats};
 /// Names of the golden fixtures made by `tests/fixtures/make_fixtures.py`.
 pub const FIXTURES: &[&str] = &["moe_all", "dense0_gqa", "bf16_sharded"];
 
+/// Names of the hybrid-family golden fixtures (Qwen3-Next, Qwen3.5-MoE) made by
+/// `tests/fixtures/hybrid_fixtures.py`.
+pub const HYBRID_FIXTURES: &[&str] = &["next_f32", "next_bf16", "q35_f32", "q35_vl_bf16"];
+
 /// Path of a fixture checkpoint directory.
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)

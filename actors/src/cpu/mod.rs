@@ -3,6 +3,7 @@
 //! block; per row, a block of m tokens runs the same kernels in the same order as a
 //! single token, so layer-major prefill is byte-identical to token-serial replay.
 
+pub mod delta;
 pub mod kernels;
 mod kv;
 pub mod quant;
@@ -11,7 +12,7 @@ pub mod quantize;
 use std::sync::Arc;
 
 use rayon::prelude::*;
-use smoe_proto::{ExpertHandle, GateInput, PartLayout, RouteJob};
+use smoe_proto::{ExpertHandle, GateInput, HybridConfig, PartLayout, RouteJob};
 
 pub use kv::KvCache;
 
@@ -21,13 +22,10 @@ use crate::tensor::WeightView;
 use crate::vault::TensorRef;
 use kernels::{dot_f32, matmul, matvec, rmsnorm, rmsnorm_inplace, row_to_f32, silu, softmax_inplace};
 
-/// Planes in [`Plane`] order.
-const PLANES: [Plane; 7] = [Plane::X, Plane::Xn, Plane::Q, Plane::K, Plane::V, Plane::Attn, Plane::Hidden];
-
 /// Host buffers sized once for `max_rows` tokens; reused by every call.
 struct Scratch {
-    /// The activation planes, indexed by [`Plane`] position in [`PLANES`].
-    planes: [Vec<f32>; 7],
+    /// The activation planes, indexed by [`Plane`] position in [`Plane::ALL`].
+    planes: [Vec<f32>; 12],
     /// A projection's result before it is added to its output plane.
     sum: Vec<f32>,
     /// The up projection of a SwiGLU block.
@@ -42,6 +40,10 @@ struct Scratch {
     scores: Vec<f32>,
     /// The LM head's output.
     logits: Vec<f32>,
+    /// One row's normalised DeltaNet queries and keys.
+    qk: Vec<f32>,
+    /// The delta rule's per-head `Sᵀk` and `β(v − Sᵀk)`.
+    mem: Vec<f32>,
 }
 
 /// The CPU reference backend.
@@ -57,15 +59,14 @@ impl CpuBackend {
         let c = &model.cfg;
         let m = max_rows.max(1);
         let k = c.num_experts_per_tok.max(1);
-        let inter = c.intermediate_size.max(c.moe_intermediate_size);
+        let inter = Plane::Hidden.width(c).max(c.moe_intermediate_size);
         let width = |p: Plane| match p {
-            Plane::X | Plane::Xn => c.hidden_size,
-            Plane::Q | Plane::Attn => c.q_dim(),
-            Plane::K | Plane::V => c.kv_dim(),
             Plane::Hidden => inter,
+            p => p.width(c),
         };
+        let hy = c.hybrid.as_ref();
         let s = Scratch {
-            planes: PLANES.map(|p| vec![0.0; m * width(p)]),
+            planes: Plane::ALL.map(|p| vec![0.0; m * width(p)]),
             sum: vec![0.0; m * c.hidden_size],
             u: vec![0.0; m * inter],
             xsub: vec![0.0; m * c.hidden_size],
@@ -73,6 +74,8 @@ impl CpuBackend {
             yk: vec![0.0; m * k * c.hidden_size],
             scores: vec![0.0; c.num_attention_heads * model.max_context],
             logits: vec![0.0; c.vocab_size],
+            qk: vec![0.0; hy.map_or(0, |h| 2 * h.key_dim())],
+            mem: vec![0.0; hy.map_or(0, HybridConfig::value_dim)],
         };
         CpuBackend { model, s }
     }
@@ -164,6 +167,7 @@ impl Backend for CpuBackend {
         let (hd, qd, kvd, eps) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim(), cfg.rms_norm_eps);
         let (qn, kn) = (model.vec(q_norm), model.vec(k_norm));
         let [_, _, q, k, v, ..] = &mut self.s.planes;
+        kv.dirty = true;
         for t in 0..rows {
             let pos = start + t;
             for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
@@ -195,7 +199,7 @@ impl Backend for CpuBackend {
         let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
         let ctx = model.max_context;
         let s = &mut self.s;
-        let [_, _, q, _, _, attn, _] = &mut s.planes;
+        let [_, _, q, _, _, attn, ..] = &mut s.planes;
         for t in 0..rows {
             let n = start + t + 1;
             let q = &q[t * qd..(t + 1) * qd];
@@ -220,6 +224,98 @@ impl Backend for CpuBackend {
                 s.scores.chunks_mut(ctx).zip(out.chunks_exact_mut(hd)).enumerate().for_each(per_head);
             } else {
                 s.scores.par_chunks_mut(ctx).zip(out.par_chunks_exact_mut(hd)).enumerate().for_each(per_head);
+            }
+        }
+        Ok(())
+    }
+
+    fn conv1d(
+        &mut self,
+        layer: usize,
+        w: &TensorRef,
+        kv: &mut KvCache,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let model = &self.model;
+        let hy = hybrid(model)?;
+        let (c, width, taps) = (hy.conv_dim(), Plane::Lin.width(&model.cfg), model.vec(w));
+        let state = &mut kv.conv[layer];
+        kv.dirty = true;
+        let lin = &mut self.s.planes[Plane::Lin as usize];
+        for row in lin.chunks_exact_mut(width).take(rows) {
+            delta::conv1d_step(&mut row[..c], taps, state, hy.linear_conv_kernel_dim);
+        }
+        Ok(())
+    }
+
+    fn delta_rule(
+        &mut self,
+        layer: usize,
+        a_log: &TensorRef,
+        dt_bias: &TensorRef,
+        kv: &mut KvCache,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let model = &self.model;
+        let hy = hybrid(model)?;
+        let (kd, vd, nv) = (hy.key_dim(), hy.value_dim(), hy.linear_num_value_heads);
+        let sh = delta::DeltaShape {
+            k_heads: hy.linear_num_key_heads,
+            v_heads: nv,
+            k_dim: hy.linear_key_head_dim,
+            v_dim: hy.linear_value_head_dim,
+        };
+        let (width, (a_log, dt_bias)) =
+            (Plane::Lin.width(&model.cfg), (model.vec(a_log), model.vec(dt_bias)));
+        let q_scale = 1.0 / (sh.k_dim as f32).sqrt();
+        let state = &mut kv.rec[layer];
+        kv.dirty = true;
+        let s = &mut self.s;
+        let [.., lin, core, _, _] = &mut s.planes;
+        for (row, out) in lin.chunks_exact(width).zip(core.chunks_exact_mut(vd)).take(rows) {
+            s.qk.copy_from_slice(&row[..2 * kd]);
+            for (i, head) in s.qk.chunks_exact_mut(sh.k_dim).enumerate() {
+                delta::l2norm_inplace(head, if i < sh.k_heads { q_scale } else { 1.0 });
+            }
+            let (v, gates) = (&row[2 * kd..2 * kd + vd], &row[2 * kd + 2 * vd..]);
+            let (b, a) = (&gates[..nv], &gates[nv..2 * nv]);
+            let x = delta::DeltaRow { qk: &s.qk, v, b, a, a_log, dt_bias };
+            delta::delta_row(sh, &x, state, &mut s.mem, out);
+        }
+        Ok(())
+    }
+
+    fn gated_rmsnorm(&mut self, w: &TensorRef, rows: usize) -> Result<(), ForwardError> {
+        let model = &self.model;
+        let hy = hybrid(model)?;
+        let (c, vd, width) = (hy.conv_dim(), hy.value_dim(), Plane::Lin.width(&model.cfg));
+        let (w, eps) = (model.vec(w), model.cfg.rms_norm_eps);
+        let [.., lin, core, _, _] = &mut self.s.planes;
+        for (x, row) in core.chunks_exact_mut(vd).zip(lin.chunks_exact(width)).take(rows) {
+            delta::gated_rmsnorm_row(x, &row[c..c + vd], w, eps);
+        }
+        Ok(())
+    }
+
+    fn sigmoid_mul(&mut self, dst: Plane, gate: Plane, rows: usize) -> Result<(), ForwardError> {
+        let n = rows * dst.width(&self.model.cfg);
+        let (g, x) = self.pair(gate, dst);
+        for (xv, &gv) in x[..n].iter_mut().zip(&g[..n]) {
+            *xv *= delta::sigmoid(gv);
+        }
+        Ok(())
+    }
+
+    fn gated_add(&mut self, src: Plane, gate: Plane, rows: usize) -> Result<(), ForwardError> {
+        let h = self.model.cfg.hidden_size;
+        assert!(src != Plane::X && gate != Plane::X, "gated_add reads planes other than X");
+        // X is plane 0; the others follow it.
+        let (x, rest) = self.s.planes.split_first_mut().expect("planes");
+        let (y, g) = (&rest[src as usize - 1], &rest[gate as usize - 1]);
+        for ((xr, yr), &gv) in x.chunks_exact_mut(h).zip(y.chunks_exact(h)).zip(g).take(rows) {
+            let sg = delta::sigmoid(gv);
+            for (xv, &yv) in xr.iter_mut().zip(yr) {
+                *xv += sg * yv;
             }
         }
         Ok(())
@@ -332,6 +428,15 @@ impl Backend for CpuBackend {
     }
 
     fn abandon(&mut self) {}
+}
+
+/// The hybrid shape of `model`, or an error for a model without one.
+fn hybrid(model: &Model) -> Result<&HybridConfig, ForwardError> {
+    model
+        .cfg
+        .hybrid
+        .as_ref()
+        .ok_or_else(|| ForwardError::Device("a DeltaNet operation on a model without DeltaNet layers".into()))
 }
 
 /// `g = silu(gate · x) ⊙ (up · x)` for `m` rows (`u` is scratch).

@@ -137,11 +137,25 @@ impl KvState for ExecutorKv {
             ExecutorKv::Vulkan(k) => k.len(),
         }
     }
-    fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) -> usize {
         match self {
             ExecutorKv::Cpu(k) => k.truncate(len),
             #[cfg(feature = "vulkan")]
             ExecutorKv::Vulkan(k) => k.truncate(len),
+        }
+    }
+    fn reusable(&self, len: usize) -> usize {
+        match self {
+            ExecutorKv::Cpu(k) => k.reusable(len),
+            #[cfg(feature = "vulkan")]
+            ExecutorKv::Vulkan(k) => k.reusable(len),
+        }
+    }
+    fn snapshot(&mut self) {
+        match self {
+            ExecutorKv::Cpu(k) => k.snapshot(),
+            #[cfg(feature = "vulkan")]
+            ExecutorKv::Vulkan(k) => k.snapshot(),
         }
     }
     fn advance(&mut self, n: usize) {

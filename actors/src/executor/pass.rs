@@ -9,7 +9,7 @@ use smoe_proto::{ClaimEvent, ClaimTally, ExpertSource};
 use super::moe::MoeStep;
 use super::profile::Profiled;
 use crate::contract::{Backend, ForwardError, ForwardPass, KvState};
-use crate::model::{qwen3_moe, Model};
+use crate::model::{self, Model};
 use crate::profile::{PhaseProfile, Regime};
 
 /// The model definition over backend `B`.
@@ -67,18 +67,11 @@ impl<B: Backend> Pass<B> {
     ) -> Result<Option<&[f32]>, ForwardError> {
         self.model.check_block(kv.len(), tokens, self.max_rows)?;
         let Some(profile) = self.profile.as_mut() else {
-            return qwen3_moe::forward(
-                &mut self.backend,
-                &mut self.moe,
-                &self.model,
-                kv,
-                tokens,
-                want_logits,
-            );
+            return model::forward(&mut self.backend, &mut self.moe, &self.model, kv, tokens, want_logits);
         };
         let t = Instant::now();
         let mut timed = Profiled::new(&mut self.backend, profile, tokens.len());
-        let run = qwen3_moe::forward(&mut timed, &mut self.moe, &self.model, kv, tokens, want_logits)
+        let run = model::forward(&mut timed, &mut self.moe, &self.model, kv, tokens, want_logits)
             .map(|l| l.is_some());
         self.backend.take_device_times(profile);
         let r = profile.regime_mut(Regime::of(tokens.len()));

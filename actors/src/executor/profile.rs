@@ -97,6 +97,34 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn attention(&mut self, layer: usize, kv: &B::Kv, start: usize, rows: usize) -> Result<(), ForwardError> {
         self.op(None, Phase::Attention, |b| b.attention(layer, kv, start, rows))
     }
+    fn conv1d(
+        &mut self,
+        layer: usize,
+        w: &TensorRef,
+        kv: &mut B::Kv,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        self.op(None, Phase::DeltaNet, |b| b.conv1d(layer, w, kv, rows))
+    }
+    fn delta_rule(
+        &mut self,
+        layer: usize,
+        a_log: &TensorRef,
+        dt_bias: &TensorRef,
+        kv: &mut B::Kv,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        self.op(None, Phase::DeltaNet, |b| b.delta_rule(layer, a_log, dt_bias, kv, rows))
+    }
+    fn gated_rmsnorm(&mut self, w: &TensorRef, rows: usize) -> Result<(), ForwardError> {
+        self.op(None, Phase::DeltaNet, |b| b.gated_rmsnorm(w, rows))
+    }
+    fn sigmoid_mul(&mut self, dst: Plane, gate: Plane, rows: usize) -> Result<(), ForwardError> {
+        self.op(None, Phase::Attention, |b| b.sigmoid_mul(dst, gate, rows))
+    }
+    fn gated_add(&mut self, src: Plane, gate: Plane, rows: usize) -> Result<(), ForwardError> {
+        self.op(None, Phase::DenseFfn, |b| b.gated_add(src, gate, rows))
+    }
     fn swiglu(
         &mut self,
         gate: &TensorRef,

@@ -3,12 +3,14 @@
 //! family's layer loop, written once over the backends' operations.
 
 pub mod qwen3_moe;
+pub mod qwen3_next;
 
 use std::sync::Arc;
 
-use smoe_proto::{ModelConfig, VaultError, MANIFEST_FILE};
+use smoe_proto::{HybridConfig, LayerType, ModelConfig, VaultError, MANIFEST_FILE};
 
-use crate::contract::ForwardError;
+use crate::contract::{Backend, ForwardError, KvState};
+use crate::executor::moe::MoeStep;
 use crate::tensor::WeightView;
 use crate::vault::{TensorRef, Vault};
 
@@ -23,19 +25,30 @@ pub enum FfnRefs {
         /// `down_proj` [hidden, intermediate].
         down: TensorRef,
     },
-    /// Routed experts; only the router gate is resident.
+    /// Routed experts; only the router gate is resident, with the shared expert if the
+    /// model has one.
     Moe {
         /// Router gate [num_experts, hidden].
         router: TensorRef,
+        /// The shared expert (hybrid models).
+        shared: Option<SharedExpertRefs>,
     },
 }
 
-/// Resident tensors of one decoder layer.
-pub struct LayerRefs {
-    /// RMSNorm before attention.
-    pub input_norm: TensorRef,
-    /// RMSNorm before the feed-forward block.
-    pub post_norm: TensorRef,
+/// A shared expert: a SwiGLU MLP every token runs, scaled by a sigmoid gate.
+pub struct SharedExpertRefs {
+    /// `gate_proj` [shared_intermediate, hidden].
+    pub gate: TensorRef,
+    /// `up_proj` [shared_intermediate, hidden].
+    pub up: TensorRef,
+    /// `down_proj` [hidden, shared_intermediate].
+    pub down: TensorRef,
+    /// `shared_expert_gate` [1, hidden].
+    pub gate_logit: TensorRef,
+}
+
+/// Softmax attention of one layer.
+pub struct AttentionRefs {
     /// Query projection [heads·head_dim, hidden].
     pub q: TensorRef,
     /// Key projection [kv_heads·head_dim, hidden].
@@ -48,26 +61,65 @@ pub struct LayerRefs {
     pub q_norm: TensorRef,
     /// Per-head RMSNorm on keys [head_dim].
     pub k_norm: TensorRef,
+    /// Output gate [heads·head_dim, hidden] (hybrid models: the gate half of `q_proj`).
+    pub output_gate: Option<TensorRef>,
+}
+
+/// A gated-DeltaNet linear-attention layer.
+pub struct DeltaNetRefs {
+    /// Input projection [q | k | v | z | b | a, hidden].
+    pub in_proj: TensorRef,
+    /// Causal convolution taps [q | k | v channels, kernel], f32.
+    pub conv: TensorRef,
+    /// Log decay rate per value head, f32.
+    pub a_log: TensorRef,
+    /// Time-step bias per value head, f32.
+    pub dt_bias: TensorRef,
+    /// Gated RMSNorm weight [value_head_dim], f32.
+    pub norm: TensorRef,
+    /// Output projection [hidden, value_heads·value_head_dim].
+    pub out_proj: TensorRef,
+}
+
+/// What mixes tokens in one layer.
+pub enum MixerRefs {
+    /// Softmax attention over the KV cache.
+    Attention(AttentionRefs),
+    /// Gated DeltaNet over the conv and recurrent states.
+    DeltaNet(DeltaNetRefs),
+}
+
+/// Resident tensors of one decoder layer.
+pub struct LayerRefs {
+    /// RMSNorm before attention.
+    pub input_norm: TensorRef,
+    /// RMSNorm before the feed-forward block.
+    pub post_norm: TensorRef,
+    /// The token mixer.
+    pub mixer: MixerRefs,
     /// The feed-forward block.
     pub ffn: FfnRefs,
 }
 
-/// Precomputed RoPE cos/sin tables, `[position][head_dim / 2]` each.
+/// Precomputed RoPE cos/sin tables, `[position][rotary_dim / 2]` each. RoPE rotates the
+/// first `rotary_dim` dims of a head (all of them but for partial RoPE) and leaves the
+/// rest as they are.
 pub struct RopeTable {
     /// cos(pos · inv_freq[i]).
     pub cos: Vec<f32>,
     /// sin(pos · inv_freq[i]).
     pub sin: Vec<f32>,
-    /// head_dim / 2.
+    /// rotary_dim / 2.
     pub half: usize,
 }
 
 impl RopeTable {
-    /// Tables for positions `0..max_pos`, computed in f32 as the reference does.
-    pub fn new(theta: f64, head_dim: usize, max_pos: usize) -> Self {
-        let half = head_dim / 2;
+    /// Tables for positions `0..max_pos` rotating `rotary_dim` dims, computed in f32 as
+    /// the reference does.
+    pub fn new(theta: f64, rotary_dim: usize, max_pos: usize) -> Self {
+        let half = rotary_dim / 2;
         let inv: Vec<f32> =
-            (0..half).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+            (0..half).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / rotary_dim as f32)).collect();
         let mut cos = Vec::with_capacity(max_pos * half);
         let mut sin = Vec::with_capacity(max_pos * half);
         for p in 0..max_pos {
@@ -80,7 +132,8 @@ impl RopeTable {
         RopeTable { cos, sin, half }
     }
 
-    /// Rotates one head vector in place for position `pos` (rotate-half convention).
+    /// Rotates one head vector in place for position `pos` (rotate-half convention over
+    /// its first `2 · half` dims).
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let h = self.half;
         let (c, s) = (&self.cos[pos * h..(pos + 1) * h], &self.sin[pos * h..(pos + 1) * h]);
@@ -118,49 +171,49 @@ impl Model {
     pub fn load(vault: Arc<Vault>, max_context: usize) -> Result<Model, VaultError> {
         let cfg = vault.manifest().model.clone();
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let norm_vec = |name: &str, n: usize| -> Result<TensorRef, VaultError> {
-            let r = vault.resolve(name, &[n])?;
-            if vault.view(&r).as_f32().is_none() {
-                return Err(VaultError::Manifest {
-                    file: vault.dir().join(MANIFEST_FILE),
-                    reason: format!("norm weight `{name}` must be stored as f32"),
-                });
-            }
-            Ok(r)
-        };
-        let embed = vault.resolve("model.embed_tokens.weight", &[v, h])?;
-        let lm_head =
-            if cfg.tie_word_embeddings { embed.clone() } else { vault.resolve("lm_head.weight", &[v, h])? };
+        let r = Resolver { vault: &vault };
+        let embed = r.get("model.embed_tokens.weight", &[v, h])?;
+        let lm_head = if cfg.tie_word_embeddings { embed.clone() } else { r.get("lm_head.weight", &[v, h])? };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
+            let mixer = match (cfg.layer_type(l), &cfg.hybrid) {
+                (LayerType::LinearAttention, Some(hy)) => MixerRefs::DeltaNet(r.delta_net(&p, h, hy)?),
+                _ => MixerRefs::Attention(r.attention(&p, &cfg)?),
+            };
             let ffn = if cfg.is_moe_layer(l) {
+                let si = cfg.hybrid.as_ref().map_or(0, |hy| hy.shared_expert_intermediate_size);
+                let shared = match si {
+                    0 => None,
+                    si => Some(SharedExpertRefs {
+                        gate: r.get(&format!("{p}.mlp.shared_expert.gate_proj.weight"), &[si, h])?,
+                        up: r.get(&format!("{p}.mlp.shared_expert.up_proj.weight"), &[si, h])?,
+                        down: r.get(&format!("{p}.mlp.shared_expert.down_proj.weight"), &[h, si])?,
+                        gate_logit: r.get(&format!("{p}.mlp.shared_expert_gate.weight"), &[1, h])?,
+                    }),
+                };
                 FfnRefs::Moe {
-                    router: vault.resolve(&format!("{p}.mlp.gate.weight"), &[cfg.num_experts, h])?,
+                    router: r.get(&format!("{p}.mlp.gate.weight"), &[cfg.num_experts, h])?,
+                    shared,
                 }
             } else {
                 let i = cfg.intermediate_size;
                 FfnRefs::Dense {
-                    gate: vault.resolve(&format!("{p}.mlp.gate_proj.weight"), &[i, h])?,
-                    up: vault.resolve(&format!("{p}.mlp.up_proj.weight"), &[i, h])?,
-                    down: vault.resolve(&format!("{p}.mlp.down_proj.weight"), &[h, i])?,
+                    gate: r.get(&format!("{p}.mlp.gate_proj.weight"), &[i, h])?,
+                    up: r.get(&format!("{p}.mlp.up_proj.weight"), &[i, h])?,
+                    down: r.get(&format!("{p}.mlp.down_proj.weight"), &[h, i])?,
                 }
             };
             layers.push(LayerRefs {
-                input_norm: norm_vec(&format!("{p}.input_layernorm.weight"), h)?,
-                post_norm: norm_vec(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                q: vault.resolve(&format!("{p}.self_attn.q_proj.weight"), &[cfg.q_dim(), h])?,
-                k: vault.resolve(&format!("{p}.self_attn.k_proj.weight"), &[cfg.kv_dim(), h])?,
-                v: vault.resolve(&format!("{p}.self_attn.v_proj.weight"), &[cfg.kv_dim(), h])?,
-                o: vault.resolve(&format!("{p}.self_attn.o_proj.weight"), &[h, cfg.q_dim()])?,
-                q_norm: norm_vec(&format!("{p}.self_attn.q_norm.weight"), cfg.head_dim)?,
-                k_norm: norm_vec(&format!("{p}.self_attn.k_norm.weight"), cfg.head_dim)?,
+                input_norm: r.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+                post_norm: r.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                mixer,
                 ffn,
             });
         }
-        let norm = norm_vec("model.norm.weight", h)?;
+        let norm = r.f32("model.norm.weight", &[h])?;
         let max_context = max_context.clamp(1, cfg.max_position_embeddings);
-        let rope = RopeTable::new(cfg.rope_theta, cfg.head_dim, max_context);
+        let rope = RopeTable::new(cfg.rope_theta, cfg.rotary_dim(), max_context);
         Ok(Model { vault, cfg, embed, norm, lm_head, layers, rope, max_context })
     }
 
@@ -196,18 +249,35 @@ impl Model {
     /// them), each once.
     pub fn matrices(&self) -> impl Iterator<Item = &TensorRef> {
         let per_layer = self.layers.iter().flat_map(|l| {
-            let ffn: Vec<&TensorRef> = match &l.ffn {
-                FfnRefs::Dense { gate, up, down } => vec![gate, up, down],
-                FfnRefs::Moe { router } => vec![router],
+            let mut m: Vec<&TensorRef> = match &l.mixer {
+                MixerRefs::Attention(a) => {
+                    [&a.q, &a.k, &a.v, &a.o].into_iter().chain(&a.output_gate).collect()
+                }
+                MixerRefs::DeltaNet(d) => vec![&d.in_proj, &d.out_proj],
             };
-            [&l.q, &l.k, &l.v, &l.o].into_iter().chain(ffn)
+            match &l.ffn {
+                FfnRefs::Dense { gate, up, down } => m.extend([gate, up, down]),
+                FfnRefs::Moe { router, shared } => {
+                    m.push(router);
+                    if let Some(s) = shared {
+                        m.extend([&s.gate, &s.up, &s.down, &s.gate_logit]);
+                    }
+                }
+            }
+            m
         });
         per_layer.chain(std::iter::once(&self.lm_head))
     }
 
-    /// Every resident f32 vector (norm weights), each once.
+    /// Every resident f32 vector the RMSNorms scale by, each once.
     pub fn vectors(&self) -> impl Iterator<Item = &TensorRef> {
-        let per_layer = self.layers.iter().flat_map(|l| [&l.input_norm, &l.post_norm, &l.q_norm, &l.k_norm]);
+        let per_layer = self.layers.iter().flat_map(|l| {
+            let mixer: Vec<&TensorRef> = match &l.mixer {
+                MixerRefs::Attention(a) => vec![&a.q_norm, &a.k_norm],
+                MixerRefs::DeltaNet(_) => vec![],
+            };
+            [&l.input_norm, &l.post_norm].into_iter().chain(mixer)
+        });
         per_layer.chain(std::iter::once(&self.norm))
     }
 
@@ -220,4 +290,98 @@ impl Model {
     pub fn vec(&self, r: &TensorRef) -> &[f32] {
         self.vault.view(r).as_f32().unwrap_or(&[])
     }
+}
+
+/// Resolves a model's tensors in its vault, checking shapes (and that vectors are f32).
+struct Resolver<'a> {
+    vault: &'a Vault,
+}
+
+impl Resolver<'_> {
+    /// Tensor `name` of `shape`.
+    fn get(&self, name: &str, shape: &[usize]) -> Result<TensorRef, VaultError> {
+        self.vault.resolve(name, shape)
+    }
+
+    /// Tensor `name` of `shape`, which must be stored as f32 (norms, DeltaNet
+    /// parameters).
+    fn f32(&self, name: &str, shape: &[usize]) -> Result<TensorRef, VaultError> {
+        let r = self.vault.resolve(name, shape)?;
+        if self.vault.view(&r).as_f32().is_none() {
+            return Err(VaultError::Manifest {
+                file: self.vault.dir().join(MANIFEST_FILE),
+                reason: format!("tensor `{name}` must be stored as f32"),
+            });
+        }
+        Ok(r)
+    }
+
+    /// The softmax attention of the layer named `p`.
+    fn attention(&self, p: &str, cfg: &ModelConfig) -> Result<AttentionRefs, VaultError> {
+        let (h, q, kv, hd) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let output_gate = match cfg.hybrid {
+            Some(_) => Some(self.get(&format!("{p}.self_attn.output_gate.weight"), &[q, h])?),
+            None => None,
+        };
+        Ok(AttentionRefs {
+            q: self.get(&format!("{p}.self_attn.q_proj.weight"), &[q, h])?,
+            k: self.get(&format!("{p}.self_attn.k_proj.weight"), &[kv, h])?,
+            v: self.get(&format!("{p}.self_attn.v_proj.weight"), &[kv, h])?,
+            o: self.get(&format!("{p}.self_attn.o_proj.weight"), &[h, q])?,
+            q_norm: self.f32(&format!("{p}.self_attn.q_norm.weight"), &[hd])?,
+            k_norm: self.f32(&format!("{p}.self_attn.k_norm.weight"), &[hd])?,
+            output_gate,
+        })
+    }
+
+    /// The gated DeltaNet of the layer named `p`.
+    fn delta_net(&self, p: &str, h: usize, hy: &HybridConfig) -> Result<DeltaNetRefs, VaultError> {
+        let nv = hy.linear_num_value_heads;
+        Ok(DeltaNetRefs {
+            in_proj: self.get(&format!("{p}.linear_attn.in_proj.weight"), &[hy.in_proj_dim(), h])?,
+            conv: self.f32(
+                &format!("{p}.linear_attn.conv1d.weight"),
+                &[hy.conv_dim(), hy.linear_conv_kernel_dim],
+            )?,
+            a_log: self.f32(&format!("{p}.linear_attn.A_log"), &[nv])?,
+            dt_bias: self.f32(&format!("{p}.linear_attn.dt_bias"), &[nv])?,
+            norm: self.f32(&format!("{p}.linear_attn.norm.weight"), &[hy.linear_value_head_dim])?,
+            out_proj: self.get(&format!("{p}.linear_attn.out_proj.weight"), &[h, hy.value_dim()])?,
+        })
+    }
+}
+
+/// Runs `tokens` (at positions `kv.len()..`) through every layer of `model`'s family,
+/// extending `kv`; returns the last token's logits when `want_logits`. On failure the
+/// backend's recorded work is abandoned and `kv` keeps its length, or (a cache with
+/// recurrent state the pass changed) falls back as [`KvState::truncate`] says.
+pub fn forward<'b, B: Backend>(
+    b: &'b mut B,
+    moe: &mut MoeStep,
+    model: &Model,
+    kv: &mut B::Kv,
+    tokens: &[u32],
+    want_logits: bool,
+) -> Result<Option<&'b [f32]>, ForwardError> {
+    let (start, m) = (kv.len(), tokens.len());
+    moe.begin_pass();
+    let layers = match model.cfg.hybrid {
+        None => qwen3_moe::layers(b, moe, model, kv, tokens, start),
+        Some(_) => qwen3_next::layers(b, moe, model, kv, tokens, start),
+    };
+    let run = layers.and_then(|()| match want_logits {
+        true => b.lm_head(&model.norm, &model.lm_head, m - 1),
+        false => b.finish(),
+    });
+    if run.is_err() {
+        b.abandon();
+        // A failed pass may have moved recurrent states past `start`: the cache goes
+        // back to a state it can trust.
+        kv.truncate(start);
+    }
+    moe.end_pass();
+    run?;
+    debug_assert_eq!(kv.len(), start);
+    kv.advance(m);
+    Ok(want_logits.then(|| b.last_logits()))
 }

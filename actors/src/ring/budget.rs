@@ -11,6 +11,8 @@ use std::path::Path;
 
 use smoe_proto::{Manifest, ModelConfig};
 
+use crate::contract::STATE_SNAPSHOTS;
+
 /// Smallest margin kept free, in bytes.
 const MIN_MARGIN: u64 = 512 << 20;
 /// Share of the available memory kept free (1 / this).
@@ -129,12 +131,44 @@ fn address_space_left(vm_size_kb: Option<u64>) -> Option<Available> {
     })
 }
 
-/// Bytes of one session's KV cache at `max_context` positions (f32 keys and values of
-/// every layer; the context is capped at the model's trained context, as the model
-/// does).
-pub fn kv_cache_bytes(cfg: &ModelConfig, max_context: usize) -> u64 {
+/// What one session's cache holds, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionBytes {
+    /// f32 keys and values of every attention layer at `max_context` positions.
+    pub kv: u64,
+    /// f32 conv and recurrent states of every DeltaNet layer.
+    pub states: u64,
+    /// Up to [`STATE_SNAPSHOTS`] copies of the states, for prefix reuse.
+    pub snapshots: u64,
+}
+
+impl SessionBytes {
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.kv + self.states + self.snapshots
+    }
+}
+
+/// What one session's cache holds at `max_context` positions (the context is capped at
+/// the model's trained context, as the model does).
+pub fn session_bytes(cfg: &ModelConfig, max_context: usize) -> SessionBytes {
     let ctx = max_context.clamp(1, cfg.max_position_embeddings.max(1)) as u64;
-    ctx * cfg.kv_dim() as u64 * cfg.num_hidden_layers as u64 * 2 * std::mem::size_of::<f32>() as u64
+    let f32_bytes = std::mem::size_of::<f32>() as u64;
+    let attention = cfg.attention_layers().len() as u64;
+    let states = cfg.hybrid.as_ref().map_or(0, |h| {
+        let linear = cfg.num_hidden_layers as u64 - attention;
+        linear * (h.conv_state_len() + h.recurrent_state_len()) as u64 * f32_bytes
+    });
+    SessionBytes {
+        kv: ctx * cfg.kv_dim() as u64 * attention * 2 * f32_bytes,
+        states,
+        snapshots: states * STATE_SNAPSHOTS as u64,
+    }
+}
+
+/// Bytes of one session's cache at `max_context` positions ([`session_bytes`] in all).
+pub fn kv_cache_bytes(cfg: &ModelConfig, max_context: usize) -> u64 {
+    session_bytes(cfg, max_context).total()
 }
 
 /// What the ring has to share memory with, and what a slot takes.

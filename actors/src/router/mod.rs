@@ -83,7 +83,7 @@ fn run(model: &Model, experts: &dyn ExpertSource, job: &mut RouteJob) {
     job.begin();
     let rows = job.rows();
     let gate = match (job.input(), &model.layers[job.layer()].ffn) {
-        (GateInput::Hidden, FfnRefs::Moe { router }) => Some(model.w(router)),
+        (GateInput::Hidden, FfnRefs::Moe { router, .. }) => Some(model.w(router)),
         _ => None,
     };
     for t0 in (0..rows).step_by(GATE_BLOCK) {

@@ -1,7 +1,8 @@
 //! The session store: up to `capacity` token streams, each with the KV cache that holds
-//! it, evicted least recently used first. A request checks out the stream sharing the
-//! longest prefix with its prompt (the cache truncated to that prefix), or a fresh or
-//! recycled cache when nothing matches, and checks it back in when done.
+//! it, evicted least recently used first. A request checks out the stream whose cache
+//! can give back the longest prefix of its prompt (cut to that prefix: anywhere for keys
+//! and values, at a kept state snapshot for DeltaNet states), or a fresh or recycled
+//! cache when nothing matches, and checks it back in when done.
 
 use crate::contract::KvState;
 
@@ -57,11 +58,11 @@ impl<C: KvState> SessionStore<C> {
             .sessions
             .iter()
             .enumerate()
-            .map(|(i, s)| (common_prefix(&s.tokens, prompt).min(cap).min(s.cache.len()), s.last_used, i))
+            .map(|(i, s)| (s.cache.reusable(common_prefix(&s.tokens, prompt).min(cap)), s.last_used, i))
             .max();
         if let Some((cached, _, i)) = best.filter(|b| b.0 > 0) {
             let mut s = self.sessions.swap_remove(i);
-            s.cache.truncate(cached);
+            let cached = s.cache.truncate(cached);
             return Ok(Checkout { cache: s.cache, cached });
         }
         if self.sessions.len() < self.capacity {
@@ -108,8 +109,9 @@ mod tests {
         fn len(&self) -> usize {
             self.len
         }
-        fn truncate(&mut self, len: usize) {
+        fn truncate(&mut self, len: usize) -> usize {
             self.len = self.len.min(len);
+            self.len
         }
         fn advance(&mut self, n: usize) {
             self.len += n;

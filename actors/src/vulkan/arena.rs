@@ -11,7 +11,7 @@ use super::VulkanError;
 /// width.
 #[derive(Clone, Copy, Debug)]
 pub struct Arena {
-    planes: [(u32, u32); 7],
+    planes: [(u32, u32); 12],
     /// Router logits, `rows × experts`.
     pub router: u32,
     /// Per-(token, rank) expert outputs, `rows · k × hidden`.
@@ -27,26 +27,20 @@ impl Arena {
     pub fn new(model: &Model, m: usize) -> Result<Arena, VulkanError> {
         let c = &model.cfg;
         let k = c.num_experts_per_tok.max(1);
-        let width = |p: Plane| match p {
-            Plane::X | Plane::Xn => c.hidden_size,
-            Plane::Q | Plane::Attn => c.q_dim(),
-            Plane::K | Plane::V => c.kv_dim(),
-            Plane::Hidden => c.intermediate_size,
-        };
+        let width = |p: Plane| p.width(c);
         // The hidden region also holds every pair's expert intermediate at once.
         let size = |p: Plane| match p {
-            Plane::Hidden => (m * c.intermediate_size).max(m * k * c.moe_intermediate_size),
+            Plane::Hidden => (m * width(p)).max(m * k * c.moe_intermediate_size),
             p => m * width(p),
         };
-        let order = [Plane::X, Plane::Xn, Plane::Q, Plane::K, Plane::V, Plane::Attn, Plane::Hidden];
         let mut off = 0u64;
         let mut take = |n: usize| {
             let at = off;
             off = (off + n as u64).next_multiple_of(16);
             at as u32
         };
-        let mut planes = [(0, 0); 7];
-        for p in order {
+        let mut planes = [(0, 0); 12];
+        for p in Plane::ALL {
             planes[p as usize] = (take(size(p)), width(p) as u32);
         }
         let router = take(m * c.num_experts);

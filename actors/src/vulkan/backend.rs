@@ -26,7 +26,7 @@ use super::weights::{device_embeds, DeviceModel};
 use super::VulkanError;
 use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
 use crate::engine::VramSize;
-use crate::model::Model;
+use crate::model::{MixerRefs, Model};
 use crate::profile::{Phase, PhaseProfile, Regime};
 use crate::vault::TensorRef;
 
@@ -212,13 +212,17 @@ impl Backend for VulkanBackend {
         let n = (self.model.max_context * c.kv_dim()) as u64;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for lr in &self.model.layers {
+            let MixerRefs::Attention(attn) = &lr.mixer else {
+                layers.push(None);
+                continue;
+            };
             let k = device_buffer::<f32>(&self.ctx, n, BufferUsage::STORAGE_BUFFER)?;
             let v = device_buffer::<f32>(&self.ctx, n, BufferUsage::STORAGE_BUFFER)?;
             let (kb, vb) = (k.clone().reinterpret::<[u8]>(), v.clone().reinterpret::<[u8]>());
             let w = &self.weights;
             let bufs = [
-                w.vector(&lr.q_norm)?.0.clone(),
-                w.vector(&lr.k_norm)?.0.clone(),
+                w.vector(&attn.q_norm)?.0.clone(),
+                w.vector(&attn.k_norm)?.0.clone(),
                 w.rope_cos.clone(),
                 w.rope_sin.clone(),
                 kb.clone(),
@@ -226,7 +230,7 @@ impl Backend for VulkanBackend {
             ];
             let rope = super::record::set0(&self.ctx, &self.kernels.qk_rope, &bufs)?;
             let attn = super::record::set0(&self.ctx, &self.kernels.attention, &[kb, vb])?;
-            layers.push(KvLayer { rope, attn, _k: k, _v: v });
+            layers.push(Some(KvLayer { rope, attn, _k: k, _v: v }));
         }
         Ok(VulkanKvCache::new(Arc::new(layers)))
     }
@@ -306,7 +310,10 @@ impl Backend for VulkanBackend {
             start as u32,
             c.rms_norm_eps.to_bits(),
         ];
-        let (k, set) = (self.kernels.qk_rope.clone(), kv.layers[layer].rope.clone());
+        if c.rotary_dim() != c.head_dim {
+            return Err(not_yet("partial RoPE"));
+        }
+        let (k, set) = (self.kernels.qk_rope.clone(), kv_layer(kv, layer)?.rope.clone());
         Ok(self.rec()?.dispatch(&k, Some(set), push, [nh + nkv, rows as u32, 1])?)
     }
 
@@ -322,8 +329,41 @@ impl Backend for VulkanBackend {
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let a = self.a;
         let push = [hd, nh, nkv, a.at(Plane::Q), a.at(Plane::Attn), start as u32, scale.to_bits()];
-        let (k, set) = (self.kernels.attention.clone(), kv.layers[layer].attn.clone());
+        let (k, set) = (self.kernels.attention.clone(), kv_layer(kv, layer)?.attn.clone());
         Ok(self.rec()?.dispatch(&k, Some(set), push, [nh, rows as u32, 1])?)
+    }
+
+    fn conv1d(
+        &mut self,
+        _: usize,
+        _: &TensorRef,
+        _: &mut VulkanKvCache,
+        _: usize,
+    ) -> Result<(), ForwardError> {
+        Err(not_yet("the DeltaNet convolution"))
+    }
+
+    fn delta_rule(
+        &mut self,
+        _: usize,
+        _: &TensorRef,
+        _: &TensorRef,
+        _: &mut VulkanKvCache,
+        _: usize,
+    ) -> Result<(), ForwardError> {
+        Err(not_yet("the gated delta rule"))
+    }
+
+    fn gated_rmsnorm(&mut self, _: &TensorRef, _: usize) -> Result<(), ForwardError> {
+        Err(not_yet("the gated RMSNorm"))
+    }
+
+    fn sigmoid_mul(&mut self, _: Plane, _: Plane, _: usize) -> Result<(), ForwardError> {
+        Err(not_yet("the attention output gate"))
+    }
+
+    fn gated_add(&mut self, _: Plane, _: Plane, _: usize) -> Result<(), ForwardError> {
+        Err(not_yet("the shared expert's gate"))
     }
 
     fn swiglu(
@@ -468,4 +508,18 @@ impl Backend for VulkanBackend {
             t.take(into);
         }
     }
+}
+
+/// The error of a hybrid-model operation this backend does not run yet.
+fn not_yet(what: &str) -> ForwardError {
+    ForwardError::Device(format!(
+        "{what} of the hybrid (Qwen3-Next / Qwen3.5-MoE) layers is not yet supported on Vulkan; use --backend cpu"
+    ))
+}
+
+/// Attention layer `layer`'s cache.
+fn kv_layer(kv: &VulkanKvCache, layer: usize) -> Result<&KvLayer, ForwardError> {
+    kv.layers.get(layer).and_then(Option::as_ref).ok_or_else(|| {
+        ForwardError::Device(format!("layer {layer} has no key/value cache (it is not an attention layer)"))
+    })
 }

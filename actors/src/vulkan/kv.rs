@@ -21,12 +21,13 @@ pub struct KvLayer {
 /// executor thread gets one for each block it runs).
 #[derive(Clone)]
 pub struct VulkanKvCache {
-    pub(super) layers: Arc<Vec<KvLayer>>,
+    /// Per decoder layer; `None` for DeltaNet layers (not yet run on Vulkan).
+    pub(super) layers: Arc<Vec<Option<KvLayer>>>,
     pub(super) len: usize,
 }
 
 impl VulkanKvCache {
-    pub(super) fn new(layers: Arc<Vec<KvLayer>>) -> Self {
+    pub(super) fn new(layers: Arc<Vec<Option<KvLayer>>>) -> Self {
         VulkanKvCache { layers, len: 0 }
     }
 }
@@ -35,8 +36,9 @@ impl crate::contract::KvState for VulkanKvCache {
     fn len(&self) -> usize {
         self.len
     }
-    fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) -> usize {
         self.len = self.len.min(len);
+        self.len
     }
     fn advance(&mut self, n: usize) {
         self.len += n;
