@@ -59,4 +59,4 @@ EOF
   cat "$out/$name.err" | grep -v "^$" || true
 }
 
-run profile --profile
+run profile --profile --warmup
