@@ -71,7 +71,8 @@ fn serve(ex: &mut Worker, job: Job) -> Reply {
             if trace {
                 pass.moe_mut().enable_trace();
             }
-            let result = pass.run(&mut kv, &tokens, want_logits).map(|l| {
+            let result = pass.backend_mut().record_state_ops(&kv);
+            let result = result.and_then(|()| pass.run(&mut kv, &tokens, want_logits)).map(|l| {
                 logits.clear();
                 logits.extend_from_slice(l.unwrap_or(&[]));
             });
@@ -223,6 +224,7 @@ impl ForwardPass for VulkanPass {
         if let Some(t) = self.trace.as_mut() {
             t.extend(trace);
         }
+        kv.book.ran(result.is_ok());
         result?;
         kv.advance(done.len() - kv.len());
         Ok(want_logits.then_some(self.logits.as_slice()))
