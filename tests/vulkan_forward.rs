@@ -209,6 +209,37 @@ fn vulkan_hybrid_fixtures_match() {
     }
 }
 
+/// A hybrid session's cache on the device returns to a state snapshot (a device copy)
+/// or to nothing, and resumes byte-identical to a fresh run of the same tokens.
+#[test]
+fn vulkan_hybrid_state_snapshots_resume_bytewise() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("q35_f32", dir.path(), &[]);
+    let (_e, mut fwd) = open(&ctx, &vault, 64, 8);
+    let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 5) % 400).collect();
+    // Runs tokens[from..] in blocks of 8, snapshotting after each; the last logits.
+    let run = |fwd: &mut VulkanPass, kv: &mut smoe_actors::vulkan::VulkanKvCache, from: usize| {
+        let mut last = Vec::new();
+        for c in tokens[from..].chunks(8) {
+            last = fwd.forward(kv, c, true).unwrap().unwrap().to_vec();
+            kv.snapshot();
+        }
+        last.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    let mut fresh = fwd.new_kv().unwrap();
+    let want = run(&mut fwd, &mut fresh, 0);
+    let mut kv = fwd.new_kv().unwrap();
+    run(&mut fwd, &mut kv, 0);
+    // Snapshots at 8 and (16 apart) never at 16: cutting to 20 returns to 8.
+    assert_eq!(kv.reusable(20), 8);
+    assert_eq!(kv.truncate(20), 8);
+    assert_eq!(run(&mut fwd, &mut kv, 8), want, "resumed from the snapshot at 8");
+    assert_eq!(kv.truncate(5), 0);
+    assert_eq!(run(&mut fwd, &mut kv, 0), want, "restarted from nothing");
+    assert!(kv.state_bytes() > 0);
+}
+
 #[test]
 fn vulkan_staged_and_zero_copy_prefill_agree_bytewise() {
     let Some(ctx) = vulkan::context() else { return };
