@@ -12,7 +12,7 @@ use vulkano::sync::GpuFuture;
 
 use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
-pub use super::delta::DeltaArgs;
+pub use super::delta::{DeltaArgs, DeltaKernels};
 pub use super::pipelines::MatmulTuning;
 use super::pipelines::{kernel, Kernel, Kernels};
 use super::record::set0;
@@ -291,6 +291,11 @@ impl KernelHarness {
         Ok(v)
     }
 
+    /// The hybrid layers' kernels (for recording the delta rule with [`DeltaArgs::record`]).
+    pub fn delta_kernels(&self) -> &DeltaKernels {
+        &self.kernels.delta
+    }
+
     /// The delta rule (`batched`: the block's rows in order; else the one-row step)
     /// with the set of [`KernelHarness::delta_state`], `reps` times.
     pub fn delta_rule(
@@ -300,6 +305,6 @@ impl KernelHarness {
         batched: bool,
         reps: usize,
     ) -> Result<Duration, VulkanError> {
-        self.run(|r| a.record(r, &self.kernels.delta, set.clone(), batched), reps)
+        self.run(|r| a.record(r, self.delta_kernels(), set.clone(), batched), reps)
     }
 }
