@@ -166,11 +166,11 @@ fn the_phase_profile_times_every_phase_and_changes_no_byte() {
     for (regime, blocks) in [(0, 3), (1, 3)] {
         let r = &p["regimes"][regime];
         assert_eq!(r["blocks"], blocks, "{r}");
-        // Phases in `Phase::ALL` order: attention 2, router gate 4, expert dispatches 9.
-        for phase in [2, 4, 9] {
+        // Phases in `Phase::ALL` order: attention 2, router gate 5, expert dispatches 10.
+        for phase in [2, 5, 10] {
             let t = &r["phases"][phase];
             assert!(t["calls"].as_u64().unwrap() > 0 && t["device"].as_f64().unwrap() > 0.0, "{phase}: {t}");
         }
-        assert!(r["phases"][4]["wait"].as_f64().unwrap() > 0.0, "the router gate waits for the device: {r}");
+        assert!(r["phases"][5]["wait"].as_f64().unwrap() > 0.0, "the router gate waits for the device: {r}");
     }
 }
