@@ -235,6 +235,10 @@ fn vulkan_hybrid_state_snapshots_resume_bytewise() {
     assert_eq!(kv.reusable(20), 8);
     assert_eq!(kv.truncate(20), 8);
     assert_eq!(run(&mut fwd, &mut kv, 8), want, "resumed from the snapshot at 8");
+    // A refused block leaves the cache as it was.
+    let len = kv.len();
+    assert!(fwd.forward(&mut kv, &[100_000], true).is_err());
+    assert_eq!((kv.len(), kv.reusable(20)), (len, 8));
     assert_eq!(kv.truncate(5), 0);
     assert_eq!(run(&mut fwd, &mut kv, 0), want, "restarted from nothing");
     assert!(kv.state_bytes() > 0);

@@ -199,6 +199,9 @@ impl ForwardPass for VulkanPass {
         tokens: &[u32],
         want_logits: bool,
     ) -> Result<Option<&[f32]>, ForwardError> {
+        // Bad blocks are refused here, before the executor records the state copies the
+        // cache waits for: a failed block makes a cache with recurrent state start over.
+        self.model.check_block(kv.len(), tokens, self.max_rows)?;
         let mut batch = std::mem::take(&mut self.tokens);
         batch.clear();
         batch.extend_from_slice(tokens);
