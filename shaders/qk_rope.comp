@@ -1,5 +1,6 @@
 #version 450
-// Per-head RMSNorm and RoPE (rotate-half) of queries and keys, and the K/V append.
+// Per-head RMSNorm and RoPE (rotate-half over the first rotary dims; partial RoPE leaves
+// the others as normalised) of queries and keys, and the K/V append.
 // Workgroup (s, t): token t; s < nh is query head s (normalised and rotated in place),
 // nh <= s < nh + nkv is key/value head s - nh (key normalised, rotated and written to the
 // key cache at position start + t; value copied to the value cache).
@@ -18,6 +19,7 @@ layout(push_constant) uniform Params {
     uint v_off;   // act offset of token 0's values
     uint start;   // position of token 0
     float eps;
+    uint rh;      // rotary_dim / 2: dims rh.. of the first 2·rh rotate, the rest pass
 } pc;
 
 layout(set = 0, binding = 0) readonly buffer Qn { float qn[]; };
@@ -37,7 +39,7 @@ void main() {
     uint t = gl_WorkGroupID.y;
     uint pos = pc.start + t;
     uint hd = pc.hd;
-    uint half_ = hd / 2u;
+    uint half_ = pc.rh;
     uint qd = pc.nh * hd;
     uint kvd = pc.nkv * hd;
     bool is_q = s < pc.nh;
@@ -81,6 +83,14 @@ void main() {
         } else {
             kc[cache + i] = lo;
             kc[cache + i + half_] = hi;
+        }
+    }
+    for (uint i = 2u * half_ + tid; i < hd; i += 128u) {
+        float o = xs[i];
+        if (is_q) {
+            act[src + i] = o;
+        } else {
+            kc[cache + i] = o;
         }
     }
     if (!is_q) {

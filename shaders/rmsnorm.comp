@@ -1,5 +1,8 @@
 #version 450
 // RMSNorm of one row per workgroup (workgroup y = token): out = w * (x / sqrt(mean(x²) + eps)).
+// GATED (`gated_rmsnorm`, the DeltaNet output norm): workgroup x is a value head of n
+// elements, normalised in place and multiplied by silu(z) of the same head
+// (out = (w * (x * r)) * silu(z), as actors/src/cpu/delta.rs's gated_rmsnorm_row).
 // The m=1 and batched dispatches run this same per-row program; a row's result does not
 // depend on how many rows were dispatched with it.
 #extension GL_GOOGLE_include_directive : require
@@ -14,6 +17,10 @@ layout(push_constant) uniform Params {
     uint out_off;
     uint out_stride;
     float eps;
+#ifdef GATED
+    uint z_off;      // act offset of token 0's z
+    uint z_stride;
+#endif
 } pc;
 
 layout(set = 0, binding = 0) readonly buffer Nw { float nw[]; };
@@ -25,6 +32,12 @@ void main() {
     uint t = gl_WorkGroupID.y;
     uint xi = pc.in_off + t * pc.in_stride;
     uint oi = pc.out_off + t * pc.out_stride;
+#ifdef GATED
+    uint head = gl_WorkGroupID.x * pc.n;
+    xi += head;
+    oi += head;
+    uint zi = pc.z_off + t * pc.z_stride + head;
+#endif
     precise float ss = 0.0;
     for (uint i = tid; i < pc.n; i += WG_SIZE) {
         float v = act[xi + i];
@@ -43,6 +56,11 @@ void main() {
     precise float r = 1.0 / sqrt(ms + pc.eps);
     for (uint i = tid; i < pc.n; i += WG_SIZE) {
         precise float o = nw[i] * (act[xi + i] * r);
+#ifdef GATED
+        float z = act[zi + i];
+        precise float sz = z / (1.0 + exp(-z));
+        o = o * sz;
+#endif
         act[oi + i] = o;
     }
 }

@@ -19,6 +19,10 @@ use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanPass
 const CPU_TOLERANCE: f32 = 1e-4;
 /// Agreement required with the transformers goldens (the CPU engine is held to 1e-4).
 const GOLDEN_TOLERANCE: f32 = 2e-4;
+/// Agreement required between the Vulkan and CPU logits of the hybrid fixtures: the
+/// recurrent state carries each token's rounding into every later one (measured max on
+/// lavapipe 1.9e-4 on next_bf16, whose logits reach 28; 5.4e-5 on the others).
+const HYBRID_CPU_TOLERANCE: f32 = 2e-4;
 
 fn opts(ring_slots: usize) -> EngineOptions {
     EngineOptions { max_context: 256, ring: RingSize::Slots(ring_slots), ..Default::default() }
@@ -75,7 +79,12 @@ type Run = (Vec<u32>, Vec<Vec<f32>>);
 /// backend. Layer-major logits must be byte-identical to serial ones, greedy ids equal
 /// to the CPU's and logits within [`CPU_TOLERANCE`] of them. Returns each case's Vulkan
 /// ids and logits, and the largest |Vulkan − CPU|.
-fn check_against_cpu(ctx: &Arc<VulkanContext>, vault: &Path, cases: &[(Vec<u32>, usize)]) -> (Vec<Run>, f32) {
+fn check_against_cpu(
+    ctx: &Arc<VulkanContext>,
+    vault: &Path,
+    cases: &[(Vec<u32>, usize)],
+    tolerance: f32,
+) -> (Vec<Run>, f32) {
     let cpu = Engine::open(vault, &opts(64), &HostAllocator).unwrap();
     let (_e1, mut serial) = open(ctx, vault, 64, 1);
     let (_e2, mut chunked) = open(ctx, vault, 3, 8);
@@ -99,7 +108,7 @@ fn check_against_cpu(ctx: &Arc<VulkanContext>, vault: &Path, cases: &[(Vec<u32>,
         let flat: Vec<f32> = cpu_rows.iter().flatten().copied().collect();
         let d = max_diff(&rows, &flat);
         worst = worst.max(d);
-        assert!(d <= CPU_TOLERANCE, "{vault:?} case {i}: max |Vulkan - CPU| logit {d} > {CPU_TOLERANCE}");
+        assert!(d <= tolerance, "{vault:?} case {i}: max |Vulkan - CPU| logit {d} > {tolerance}");
         out.push((ids, rows));
     }
     (out, worst)
@@ -109,17 +118,18 @@ fn check_against_cpu(ctx: &Arc<VulkanContext>, vault: &Path, cases: &[(Vec<u32>,
 fn check_fixture(name: &str, convert_args: &[&str]) {
     let Some(ctx) = vulkan::context() else { return };
     let dir = tempfile::tempdir().unwrap();
-    check_vault(&ctx, name, &format!("{convert_args:?}"), &convert(name, dir.path(), convert_args));
+    let vault = convert(name, dir.path(), convert_args);
+    check_vault(&ctx, name, &format!("{convert_args:?}"), &vault, CPU_TOLERANCE);
 }
 
 /// Fixture `name`'s golden cases on `vault` (made from it as `how` says): greedy ids
 /// equal to transformers', logits within [`GOLDEN_TOLERANCE`] of theirs, and
-/// [`check_against_cpu`].
-fn check_vault(ctx: &Arc<VulkanContext>, name: &str, how: &str, vault: &Path) {
+/// [`check_against_cpu`] with `cpu_tolerance`.
+fn check_vault(ctx: &Arc<VulkanContext>, name: &str, how: &str, vault: &Path, cpu_tolerance: f32) {
     let golden = fixture(name).join("golden_logits.safetensors");
     let goldens = golden_cases(name);
     let cases: Vec<(Vec<u32>, usize)> = goldens.iter().map(|(p, g)| (p.clone(), g.len())).collect();
-    let (runs, worst_cpu) = check_against_cpu(ctx, vault, &cases);
+    let (runs, worst_cpu) = check_against_cpu(ctx, vault, &cases, cpu_tolerance);
     let mut worst_golden = 0.0f32;
     for (i, ((ids, rows), (_, greedy))) in runs.iter().zip(&goldens).enumerate() {
         assert_eq!(ids, greedy, "{name} case {i}: Vulkan greedy ids differ from transformers");
@@ -151,7 +161,7 @@ fn vulkan_gguf_fixtures_match() {
         "gguf_q6_k",
         "gguf_q4_k_m",
     ] {
-        check_vault(&ctx, name, "convert --gguf", &convert_gguf(name, dir.path()));
+        check_vault(&ctx, name, "convert --gguf", &convert_gguf(name, dir.path()), CPU_TOLERANCE);
     }
 }
 
@@ -168,7 +178,7 @@ fn vulkan_quantised_vaults_match_the_cpu() {
         let vault = dir.path().join(format!("{scheme}.vault"));
         let v = vault.to_str().unwrap();
         run_ok(&["synth", "--out", v, "--preset", "small", "--seed", "3", "--quant", scheme]);
-        let (_, worst) = check_against_cpu(&ctx, &vault, &cases);
+        let (_, worst) = check_against_cpu(&ctx, &vault, &cases, CPU_TOLERANCE);
         eprintln!("synth small --quant {scheme} on {}: max |Vulkan - CPU| = {worst:e}", ctx.info.name);
     }
 }
@@ -186,6 +196,53 @@ fn vulkan_dense_layer0_gqa_tied_matches() {
 #[test]
 fn vulkan_bf16_sharded_matches() {
     check_fixture("bf16_sharded", &[]);
+}
+
+/// The hybrid fixtures (Qwen3-Next fused and Qwen3.5-MoE split projections, f32 and
+/// bf16, partial RoPE, DeltaNet states on the device): goldens, the CPU, and layer-major
+/// blocks byte-identical to serial replay.
+#[test]
+fn vulkan_hybrid_fixtures_match() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for name in HYBRID_FIXTURES {
+        check_vault(&ctx, name, "convert", &convert(name, dir.path(), &[]), HYBRID_CPU_TOLERANCE);
+    }
+}
+
+/// A hybrid session's cache on the device returns to a state snapshot (a device copy)
+/// or to nothing, and resumes byte-identical to a fresh run of the same tokens.
+#[test]
+fn vulkan_hybrid_state_snapshots_resume_bytewise() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("q35_f32", dir.path(), &[]);
+    let (_e, mut fwd) = open(&ctx, &vault, 64, 8);
+    let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 5) % 400).collect();
+    // Runs tokens[from..] in blocks of 8, snapshotting after each; the last logits.
+    let run = |fwd: &mut VulkanPass, kv: &mut smoe_actors::vulkan::VulkanKvCache, from: usize| {
+        let mut last = Vec::new();
+        for c in tokens[from..].chunks(8) {
+            last = fwd.forward(kv, c, true).unwrap().unwrap().to_vec();
+            kv.snapshot();
+        }
+        last.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    let mut fresh = fwd.new_kv().unwrap();
+    let want = run(&mut fwd, &mut fresh, 0);
+    let mut kv = fwd.new_kv().unwrap();
+    run(&mut fwd, &mut kv, 0);
+    // Snapshots at 8 and (16 apart) never at 16: cutting to 20 returns to 8.
+    assert_eq!(kv.reusable(20), 8);
+    assert_eq!(kv.truncate(20), 8);
+    assert_eq!(run(&mut fwd, &mut kv, 8), want, "resumed from the snapshot at 8");
+    // A refused block leaves the cache as it was.
+    let len = kv.len();
+    assert!(fwd.forward(&mut kv, &[100_000], true).is_err());
+    assert_eq!((kv.len(), kv.reusable(20)), (len, 8));
+    assert_eq!(kv.truncate(5), 0);
+    assert_eq!(run(&mut fwd, &mut kv, 0), want, "restarted from nothing");
+    assert!(kv.state_bytes() > 0);
 }
 
 #[test]

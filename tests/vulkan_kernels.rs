@@ -13,8 +13,8 @@ use smoe_actors::cpu::kernels;
 use smoe_actors::cpu::quantize::encode_rows;
 use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
-    weight_unit, KernelHarness, MatmulArgs, MatmulTuning, Projection, FLAG_ACCUMULATE, FLAG_GATHER,
-    FLAG_SCATTER, FLAG_TABLE,
+    weight_unit, DeltaArgs, KernelHarness, MatmulArgs, MatmulTuning, Projection, FLAG_ACCUMULATE,
+    FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
 };
 use smoe_proto::DType;
 
@@ -588,5 +588,75 @@ fn device_embedding_rows_are_bitwise_the_cpus() {
                 }
             }
         }
+    }
+}
+
+/// The batched delta rule against its one-row step, byte for byte (outputs and the state
+/// after the block), on shapes with grouped value heads, a key dim that is not a
+/// multiple of the lanes, value columns over one workgroup tile, and a decay whose
+/// softplus takes both branches; and against the CPU's `delta_row` within rounding.
+#[test]
+fn batched_delta_rule_matches_its_step() {
+    use smoe_actors::cpu::delta::{delta_row, DeltaRow, DeltaShape};
+    let Some(ctx) = vulkan::context() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for (nk, nv, dk, dv, m) in [(1, 1, 1, 1, 1), (2, 4, 12, 10, 7), (1, 3, 33, 70, 5), (2, 2, 128, 128, 3)] {
+        let sh = DeltaShape { k_heads: nk, v_heads: nv, k_dim: dk, v_dim: dv };
+        let (kd, vd) = (nk * dk, nv * dv);
+        let width = 2 * kd + 2 * vd + 2 * nv + 3;
+        let lin = rand_vec(&mut rng, m * width);
+        let a_log = rand_vec(&mut rng, nv);
+        let mut dt_bias = rand_vec(&mut rng, nv);
+        dt_bias[0] = 25.0;
+        let state0: Vec<f32> = rand_vec(&mut rng, nv * dk * dv);
+        let h = KernelHarness::new(ctx.clone(), m * width + m * vd + 64, 16).unwrap();
+        h.write_act(0, &lin).unwrap();
+        let core = m * width + 5;
+        let args = DeltaArgs {
+            k_heads: nk as u32,
+            v_heads: nv as u32,
+            k_dim: dk as u32,
+            v_dim: dv as u32,
+            lin_off: 0,
+            lin_stride: width as u32,
+            core_off: core as u32,
+            state_off: 0,
+            rows: m as u32,
+        };
+        let (set, st) = h.delta_state(&a_log, &dt_bias, &state0).unwrap();
+        h.delta_rule(&set, args, true, 1).unwrap();
+        let (batched, batched_state) = (h.read_act(core, m * vd).unwrap(), h.read_floats(&st).unwrap());
+        let (set, st) = h.delta_state(&a_log, &dt_bias, &state0).unwrap();
+        for t in 0..m {
+            let row =
+                DeltaArgs { lin_off: (t * width) as u32, core_off: (core + t * vd) as u32, rows: 1, ..args };
+            h.delta_rule(&set, row, false, 1).unwrap();
+        }
+        let (step, step_state) = (h.read_act(core, m * vd).unwrap(), h.read_floats(&st).unwrap());
+        let shape = (nk, nv, dk, dv, m);
+        assert_eq!(bits(&batched), bits(&step), "{shape:?}: outputs");
+        assert_eq!(bits(&batched_state), bits(&step_state), "{shape:?}: state");
+        // The CPU reference.
+        let (mut state, mut mem, mut out) = (state0.clone(), vec![0.0; vd], vec![0.0; m * vd]);
+        let scale = 1.0 / (dk as f32).sqrt();
+        for (row, o) in lin.chunks_exact(width).zip(out.chunks_exact_mut(vd)) {
+            let mut qk = row[..2 * kd].to_vec();
+            for (i, head) in qk.chunks_exact_mut(dk).enumerate() {
+                smoe_actors::cpu::delta::l2norm_inplace(head, if i < nk { scale } else { 1.0 });
+            }
+            let gates = &row[2 * kd + 2 * vd..];
+            let x = DeltaRow {
+                qk: &qk,
+                v: &row[2 * kd..2 * kd + vd],
+                b: &gates[..nv],
+                a: &gates[nv..2 * nv],
+                a_log: &a_log,
+                dt_bias: &dt_bias,
+            };
+            delta_row(sh, &x, &mut state, &mut mem, o);
+        }
+        let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        let (d_out, d_state) = (diff(&batched, &out), diff(&batched_state, &state));
+        assert!(d_out <= 1e-5 && d_state <= 1e-5, "{shape:?}: |Vulkan - CPU| out {d_out}, state {d_state}");
     }
 }

@@ -43,12 +43,24 @@ fn checked_in_spirv_matches_the_glsl_sources() {
 /// instructions, each instruction as its words (the first holds the opcode in its low 16
 /// bits).
 fn matmul_modules() -> Vec<(String, Vec<Vec<u32>>)> {
+    let modules = modules(&["matvec", "matmul", "gate_up", "embed"]);
+    let spv = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/spv");
+    let list = std::fs::read_to_string(spv.with_file_name("shaders.txt")).unwrap();
+    let listed = list.lines().filter(|l| l.split_whitespace().nth(1) == Some("matmul.comp")).count();
+    assert_eq!(modules.len(), listed);
+    assert!(listed >= 32, "f32, bf16, f16 and five block formats, 4 kernels each");
+    modules
+}
+
+/// The modules of `shaders/spv` whose names start with one of `prefixes`, as
+/// [`matmul_modules`] gives them.
+fn modules(prefixes: &[&str]) -> Vec<(String, Vec<Vec<u32>>)> {
     let spv = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/spv");
     let mut modules = Vec::new();
     for entry in std::fs::read_dir(&spv).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        if !["matvec", "matmul", "gate_up", "embed"].iter().any(|k| name.starts_with(k)) {
+        if !prefixes.iter().any(|k| name.starts_with(k)) {
             continue;
         }
         let bytes = std::fs::read(&path).unwrap();
@@ -63,10 +75,6 @@ fn matmul_modules() -> Vec<(String, Vec<Vec<u32>>)> {
         }
         modules.push((name, insts));
     }
-    let list = std::fs::read_to_string(spv.with_file_name("shaders.txt")).unwrap();
-    let listed = list.lines().filter(|l| l.split_whitespace().nth(1) == Some("matmul.comp")).count();
-    assert_eq!(modules.len(), listed);
-    assert!(listed >= 32, "f32, bf16, f16 and five block formats, 4 kernels each");
     modules
 }
 
@@ -75,13 +83,16 @@ fn op(inst: &[u32]) -> u32 {
     inst[0] & 0xffff
 }
 
-/// Every float add, subtract, multiply and divide of the matmul kernels carries
+/// Every float add, subtract, multiply and divide of the matmul and delta-rule kernels carries
 /// NoContraction: without it a driver may fuse or reorder them, differently in the m=1
 /// and batched kernels (seen on NVIDIA when spirv-opt's loop unrolling dropped the
 /// decoration from unrolled copies).
 #[test]
 fn matmul_kernels_keep_no_contraction_on_every_float_op() {
-    for (name, insts) in matmul_modules() {
+    // The delta rule's step and its batched sibling are an identity pair too.
+    let delta = modules(&["delta_rule"]);
+    assert_eq!(delta.len(), 2);
+    for (name, insts) in matmul_modules().into_iter().chain(delta) {
         // OpDecorate (71) id NoContraction (42); OpFAdd, OpFSub, OpFMul, OpFDiv.
         let precise: std::collections::HashSet<u32> =
             insts.iter().filter(|w| op(w) == 71 && w[2] == 42).map(|w| w[1]).collect();

@@ -269,12 +269,13 @@ impl Model {
         per_layer.chain(std::iter::once(&self.lm_head))
     }
 
-    /// Every resident f32 vector the RMSNorms scale by, each once.
+    /// Every resident f32 vector (the norm weights and the DeltaNet parameters), each
+    /// once.
     pub fn vectors(&self) -> impl Iterator<Item = &TensorRef> {
         let per_layer = self.layers.iter().flat_map(|l| {
             let mixer: Vec<&TensorRef> = match &l.mixer {
                 MixerRefs::Attention(a) => vec![&a.q_norm, &a.k_norm],
-                MixerRefs::DeltaNet(_) => vec![],
+                MixerRefs::DeltaNet(d) => vec![&d.conv, &d.a_log, &d.dt_bias, &d.norm],
             };
             [&l.input_norm, &l.post_norm].into_iter().chain(mixer)
         });

@@ -16,6 +16,7 @@ use super::allocator::ArenaRegistry;
 use super::arena::Arena;
 use super::buffers::{device_buffer, host_buffer, verr};
 use super::context::VulkanContext;
+use super::delta::MAX_KEY_DIM;
 use super::experts::{ExpertPath, ExpertState};
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
@@ -35,7 +36,7 @@ pub struct VulkanBackend {
     pub(super) ctx: Arc<VulkanContext>,
     pub(super) kernels: Arc<Kernels>,
     pub(super) model: Arc<Model>,
-    weights: DeviceModel,
+    pub(super) weights: DeviceModel,
     pub(super) a: Arena,
     act: Subbuffer<[f32]>,
     act_set: Arc<DescriptorSet>,
@@ -71,6 +72,9 @@ impl VulkanBackend {
         let c = model.cfg.clone();
         if c.head_dim > 512 {
             return Err(VulkanError::Unsupported(format!("head_dim {} > 512", c.head_dim)));
+        }
+        if let Some(dk) = c.hybrid.as_ref().map(|h| h.linear_key_head_dim).filter(|&d| d > MAX_KEY_DIM) {
+            return Err(VulkanError::Unsupported(format!("linear_key_head_dim {dk} > {MAX_KEY_DIM}")));
         }
         let m = max_rows.max(1);
         let kernels = Arc::new(Kernels::new(&ctx.device, MatmulTuning::default())?);
@@ -232,7 +236,7 @@ impl Backend for VulkanBackend {
             let attn = super::record::set0(&self.ctx, &self.kernels.attention, &[kb, vb])?;
             layers.push(Some(KvLayer { rope, attn, _k: k, _v: v }));
         }
-        Ok(VulkanKvCache::new(Arc::new(layers)))
+        Ok(VulkanKvCache::new(Arc::new(layers), self.new_delta_states()?))
     }
 
     fn embed(&mut self, embed: &TensorRef, tokens: &[u32]) -> Result<(), ForwardError> {
@@ -309,10 +313,8 @@ impl Backend for VulkanBackend {
             a.at(Plane::V),
             start as u32,
             c.rms_norm_eps.to_bits(),
+            self.model.rope.half as u32,
         ];
-        if c.rotary_dim() != c.head_dim {
-            return Err(not_yet("partial RoPE"));
-        }
         let (k, set) = (self.kernels.qk_rope.clone(), kv_layer(kv, layer)?.rope.clone());
         Ok(self.rec()?.dispatch(&k, Some(set), push, [nh + nkv, rows as u32, 1])?)
     }
@@ -335,35 +337,37 @@ impl Backend for VulkanBackend {
 
     fn conv1d(
         &mut self,
-        _: usize,
-        _: &TensorRef,
-        _: &mut VulkanKvCache,
-        _: usize,
+        layer: usize,
+        _taps: &TensorRef,
+        kv: &mut VulkanKvCache,
+        rows: usize,
     ) -> Result<(), ForwardError> {
-        Err(not_yet("the DeltaNet convolution"))
+        // The layer's taps are bound in its state set (see `new_kv`).
+        self.record_conv1d(layer, kv, rows)
     }
 
     fn delta_rule(
         &mut self,
-        _: usize,
-        _: &TensorRef,
-        _: &TensorRef,
-        _: &mut VulkanKvCache,
-        _: usize,
+        layer: usize,
+        _a_log: &TensorRef,
+        _dt_bias: &TensorRef,
+        kv: &mut VulkanKvCache,
+        rows: usize,
     ) -> Result<(), ForwardError> {
-        Err(not_yet("the gated delta rule"))
+        // The layer's parameters are bound in its state set (see `new_kv`).
+        self.record_delta_rule(layer, kv, rows)
     }
 
-    fn gated_rmsnorm(&mut self, _: &TensorRef, _: usize) -> Result<(), ForwardError> {
-        Err(not_yet("the gated RMSNorm"))
+    fn gated_rmsnorm(&mut self, w: &TensorRef, rows: usize) -> Result<(), ForwardError> {
+        self.record_gated_rmsnorm(w, rows)
     }
 
-    fn sigmoid_mul(&mut self, _: Plane, _: Plane, _: usize) -> Result<(), ForwardError> {
-        Err(not_yet("the attention output gate"))
+    fn sigmoid_mul(&mut self, dst: Plane, gate: Plane, rows: usize) -> Result<(), ForwardError> {
+        self.record_sigmoid_mul(dst, gate, rows)
     }
 
-    fn gated_add(&mut self, _: Plane, _: Plane, _: usize) -> Result<(), ForwardError> {
-        Err(not_yet("the shared expert's gate"))
+    fn gated_add(&mut self, src: Plane, gate: Plane, rows: usize) -> Result<(), ForwardError> {
+        self.record_gated_add(src, gate, rows)
     }
 
     fn swiglu(
@@ -374,21 +378,22 @@ impl Backend for VulkanBackend {
         rows: usize,
     ) -> Result<(), ForwardError> {
         let base = self.args(src, Plane::Hidden, rows);
-        let (dtype, inter) = {
-            let g = &self.weights.matrix(gate)?.w;
-            (g.dtype, g.rows as u32)
-        };
+        // Rows of the result are `Plane::Hidden`'s width apart (as `project` reads them),
+        // which exceeds the gate's rows where a hybrid model's shared expert and dense
+        // layers differ in size.
+        let g = &self.weights.matrix(gate)?.w;
+        if g.rows > base.out_stride as usize {
+            return Err(ForwardError::Device(format!(
+                "a SwiGLU block of {} rows does not fit the hidden plane ({} wide)",
+                g.rows, base.out_stride
+            )));
+        }
+        let dtype = g.dtype;
         self.rec()?;
         let rec = self.rec.as_mut().expect("started");
         let gu = self.weights.gate_up(&self.ctx, &self.kernels, gate, up)?;
         for ((row0, n), set) in &gu.ranges {
-            let a = MatmulArgs {
-                rows: *n,
-                cols: base.x_stride,
-                out_off: base.out_off + row0,
-                out_stride: inter,
-                ..base
-            };
+            let a = MatmulArgs { rows: *n, cols: base.x_stride, out_off: base.out_off + row0, ..base };
             rec.matmul(Projection::GateUp, dtype, rows > 1, set.clone(), a)?;
         }
         Ok(())
@@ -508,13 +513,6 @@ impl Backend for VulkanBackend {
             t.take(into);
         }
     }
-}
-
-/// The error of a hybrid-model operation this backend does not run yet.
-fn not_yet(what: &str) -> ForwardError {
-    ForwardError::Device(format!(
-        "{what} of the hybrid (Qwen3-Next / Qwen3.5-MoE) layers is not yet supported on Vulkan; use --backend cpu"
-    ))
 }
 
 /// Attention layer `layer`'s cache.

@@ -10,8 +10,9 @@ use vulkano::command_buffer::CommandBufferUsage;
 use vulkano::descriptor_set::WriteDescriptorSet;
 use vulkano::sync::GpuFuture;
 
-use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, verr, DeviceWeight};
+use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
+pub use super::delta::{DeltaArgs, DeltaKernels};
 pub use super::pipelines::MatmulTuning;
 use super::pipelines::{kernel, Kernel, Kernels};
 use super::record::set0;
@@ -266,5 +267,44 @@ impl KernelHarness {
     ) -> Result<Duration, VulkanError> {
         let a = MatmulArgs { rows: gate.rows as u32, cols: gate.cols as u32, ..a };
         self.run(|r| r.matmul(Projection::GateUp, gate.dtype, batched, pair.clone(), a), reps)
+    }
+
+    /// A DeltaNet layer's parameters and a recurrent state of `state` floats on the
+    /// device: the set of the delta-rule kernels binding them, and the state buffer.
+    pub fn delta_state(
+        &self,
+        a_log: &[f32],
+        dt_bias: &[f32],
+        state: &[f32],
+    ) -> Result<(Arc<DescriptorSet>, Subbuffer<[f32]>), VulkanError> {
+        let st = device_buffer::<f32>(&self.ctx, state.len() as u64, BufferUsage::STORAGE_BUFFER)?;
+        upload(&self.ctx, &st.clone().reinterpret::<[u8]>(), bytemuck::cast_slice(state))?;
+        let (a, d) = (upload_f32(&self.ctx, a_log)?, upload_f32(&self.ctx, dt_bias)?);
+        Ok((super::delta::delta_set(&self.ctx, &self.kernels.delta, &a, &d, &st)?, st))
+    }
+
+    /// Reads a device buffer of floats back.
+    pub fn read_floats(&self, buf: &Subbuffer<[f32]>) -> Result<Vec<f32>, VulkanError> {
+        let dst = host_buffer::<f32>(&self.ctx, buf.len(), BufferUsage::empty())?;
+        self.run(|r| r.copy(buf.clone(), dst.clone()), 1)?;
+        let v = dst.read().map_err(verr("reading a buffer"))?.to_vec();
+        Ok(v)
+    }
+
+    /// The hybrid layers' kernels (for recording the delta rule with [`DeltaArgs::record`]).
+    pub fn delta_kernels(&self) -> &DeltaKernels {
+        &self.kernels.delta
+    }
+
+    /// The delta rule (`batched`: the block's rows in order; else the one-row step)
+    /// with the set of [`KernelHarness::delta_state`], `reps` times.
+    pub fn delta_rule(
+        &self,
+        set: &Arc<DescriptorSet>,
+        a: DeltaArgs,
+        batched: bool,
+        reps: usize,
+    ) -> Result<Duration, VulkanError> {
+        self.run(|r| a.record(r, self.delta_kernels(), set.clone(), batched), reps)
     }
 }

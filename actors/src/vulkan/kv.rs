@@ -1,11 +1,14 @@
-//! The key/value cache on the device: per layer, f32 keys and values laid out
+//! The key/value cache on the device: per attention layer, f32 keys and values laid out
 //! `[position][kv_head][head_dim]` as in the CPU cache, with the descriptor sets the
-//! RoPE/append and attention kernels bind.
+//! RoPE/append and attention kernels bind; for hybrid models the DeltaNet states
+//! ([`DeltaStates`]) and the book of what the cache can return to ([`StateBook`]).
 
 use std::sync::Arc;
 
 use vulkano::buffer::Subbuffer;
 use vulkano::descriptor_set::DescriptorSet;
+
+use super::delta::{DeltaStates, StateBook};
 
 /// One layer's cache buffers and the sets that bind them.
 pub struct KvLayer {
@@ -17,30 +20,44 @@ pub struct KvLayer {
     pub(super) _v: Subbuffer<[f32]>,
 }
 
-/// A session's key/value cache in device memory. Clones share the device buffers (the
-/// executor thread gets one for each block it runs).
+/// A session's cache in device memory. Clones share the device buffers (the executor
+/// thread gets one for each block it runs, and records the state copies its book asks
+/// for before the block).
 #[derive(Clone)]
 pub struct VulkanKvCache {
-    /// Per decoder layer; `None` for DeltaNet layers (not yet run on Vulkan).
+    /// Per decoder layer; `None` for DeltaNet layers.
     pub(super) layers: Arc<Vec<Option<KvLayer>>>,
-    pub(super) len: usize,
+    /// The DeltaNet states (hybrid models).
+    pub(super) states: Option<Arc<DeltaStates>>,
+    pub(super) book: StateBook,
 }
 
 impl VulkanKvCache {
-    pub(super) fn new(layers: Arc<Vec<Option<KvLayer>>>) -> Self {
-        VulkanKvCache { layers, len: 0 }
+    pub(super) fn new(layers: Arc<Vec<Option<KvLayer>>>, states: Option<Arc<DeltaStates>>) -> Self {
+        let book = StateBook::new(states.is_some());
+        VulkanKvCache { layers, states, book }
+    }
+
+    /// Bytes of device memory of the DeltaNet states (each snapshot takes as much again).
+    pub fn state_bytes(&self) -> u64 {
+        self.states.as_ref().map_or(0, |s| s.bytes())
     }
 }
 
 impl crate::contract::KvState for VulkanKvCache {
     fn len(&self) -> usize {
-        self.len
+        self.book.len()
     }
     fn truncate(&mut self, len: usize) -> usize {
-        self.len = self.len.min(len);
-        self.len
+        self.book.truncate(len)
+    }
+    fn reusable(&self, len: usize) -> usize {
+        self.book.reusable(len)
+    }
+    fn snapshot(&mut self) {
+        self.book.snapshot();
     }
     fn advance(&mut self, n: usize) {
-        self.len += n;
+        self.book.advance(n);
     }
 }

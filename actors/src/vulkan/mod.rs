@@ -20,6 +20,7 @@ mod arena;
 mod backend;
 mod buffers;
 mod context;
+pub mod delta;
 mod experts;
 mod kv;
 mod pipelines;

@@ -115,6 +115,8 @@ pub struct Kernels {
     pub attention: Kernel,
     /// Weighted MoE combine with the residual add.
     pub accumulate: Kernel,
+    /// The hybrid layers' kernels.
+    pub delta: super::delta::DeltaKernels,
     /// The activation set layout shared by every kernel.
     pub act_layout: Arc<DescriptorSetLayout>,
 }
@@ -229,6 +231,7 @@ impl Kernels {
             qk_rope: k("qk_rope")?,
             attention: k("attention")?,
             accumulate: k("accumulate")?,
+            delta: super::delta::DeltaKernels::new(device, &act_layout)?,
             act_layout,
         })
     }

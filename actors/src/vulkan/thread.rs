@@ -74,7 +74,8 @@ fn serve(ex: &mut Worker, job: Job) -> Reply {
             if trace {
                 pass.moe_mut().enable_trace();
             }
-            let result = pass.run(&mut kv, &tokens, want_logits).map(|l| {
+            let result = pass.backend_mut().record_state_ops(&kv);
+            let result = result.and_then(|()| pass.run(&mut kv, &tokens, want_logits)).map(|l| {
                 logits.clear();
                 logits.extend_from_slice(l.unwrap_or(&[]));
             });
@@ -208,6 +209,9 @@ impl ForwardPass for VulkanPass {
         tokens: &[u32],
         want_logits: bool,
     ) -> Result<Option<&[f32]>, ForwardError> {
+        // Bad blocks are refused here, before the executor records the state copies the
+        // cache waits for: a failed block makes a cache with recurrent state start over.
+        self.model.check_block(kv.len(), tokens, self.max_rows)?;
         let mut batch = std::mem::take(&mut self.tokens);
         batch.clear();
         batch.extend_from_slice(tokens);
@@ -233,6 +237,7 @@ impl ForwardPass for VulkanPass {
         if let Some(t) = self.trace.as_mut() {
             t.extend(trace);
         }
+        kv.book.ran(result.is_ok());
         result?;
         kv.advance(done.len() - kv.len());
         Ok(want_logits.then_some(self.logits.as_slice()))

@@ -13,7 +13,7 @@ use smoe_actors::vulkan::{VulkanContext, VulkanError};
 use smoe_proto::DType;
 
 /// Cheap deterministic pseudo-random weights in [-0.05, 0.05).
-fn fill(n: usize, seed: u64) -> Vec<f32> {
+pub fn fill(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -69,7 +69,7 @@ pub fn upload(
 /// matters: the H200's shader clock falls to 345 MHz within a second of idling
 /// (nvidia-smi dmon during a run) and one 30 ms submission does not bring it back to
 /// 1980 MHz, which made figures taken after host-side set-up several times too slow.
-fn time(h: &KernelHarness, mut record: impl FnMut(&mut Recorder) -> Result<(), VulkanError>) -> f64 {
+pub fn time(h: &KernelHarness, mut record: impl FnMut(&mut Recorder) -> Result<(), VulkanError>) -> f64 {
     let one = h.run_timed(&mut record, 1, Duration::from_millis(50), 1).expect("run")[0].as_secs_f64();
     let rounds = ((0.03 / one).ceil() as usize).clamp(1, 4000);
     let mut t = h.run_timed(&mut record, rounds, Duration::from_millis(300), 7).expect("run");
@@ -78,7 +78,7 @@ fn time(h: &KernelHarness, mut record: impl FnMut(&mut Recorder) -> Result<(), V
 }
 
 /// Prints one figure: `bytes` moved in `secs`.
-fn report(what: &str, secs: f64, bytes: f64) {
+pub fn report(what: &str, secs: f64, bytes: f64) {
     println!(
         "{what}: {:.1} us, {:.0} GB/s ({:.1}% of 4.8 TB/s)",
         secs * 1e6,

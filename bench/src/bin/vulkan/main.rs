@@ -12,6 +12,10 @@
 //! host memory; and GFLOP/s of the batched expert FFN at 64 tokens per expert. Enough
 //! distinct weights are cycled that the L2 cache does not hold them.
 //!
+//! `vulkan delta [DEVICE]`: the gated delta rule's step and its batched sibling (64 and
+//! 512 rows) at Qwen3.5-397B-A17B's and Qwen3-Next-80B-A3B's DeltaNet shapes, in GB/s of
+//! the recurrent state read and written once per row.
+//!
 //! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...]`: what the driver reports
 //! about each compiled matmul-family kernel (registers, spill/local memory, shared
 //! memory, ... as the driver names them) through VK_KHR_pipeline_executable_properties, for the default
@@ -28,6 +32,7 @@
 //! `resident`, `streamed` or `both` (the default); an optional 8th argument picks the
 //! expert path (`zero-copy`, `staged-prefill`, `staged`).
 
+mod delta;
 mod e2e;
 mod kernels;
 mod stats;
@@ -75,6 +80,7 @@ fn main() {
             let types = if named.is_empty() { TYPES } else { &named[..] };
             kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings, types)
         }
+        Some("delta") => delta::delta(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
         Some("stats") => {
             let device = args.get(1).map_or(Ok(0), |s| s.parse());
             let device = device.unwrap_or_else(|_| fail(2, format!("DEVICE `{}` is not a number", args[1])));
@@ -84,7 +90,7 @@ fn main() {
         Some("diag") if args.len() >= 2 => e2e::diag(&args[1..]),
         _ => {
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
             );
             std::process::exit(2);
         }
