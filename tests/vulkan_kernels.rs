@@ -612,17 +612,7 @@ fn batched_delta_rule_matches_its_step() {
         let h = KernelHarness::new(ctx.clone(), m * width + m * vd + 64, 16).unwrap();
         h.write_act(0, &lin).unwrap();
         let core = m * width + 5;
-        let args = DeltaArgs {
-            k_heads: nk as u32,
-            v_heads: nv as u32,
-            k_dim: dk as u32,
-            v_dim: dv as u32,
-            lin_off: 0,
-            lin_stride: width as u32,
-            core_off: core as u32,
-            state_off: 0,
-            rows: m as u32,
-        };
+        let args = DeltaArgs::packed(sh, width, core, m);
         let (set, st) = h.delta_state(&a_log, &dt_bias, &state0).unwrap();
         h.delta_rule(&set, args, true, 1).unwrap();
         let (batched, batched_state) = (h.read_act(core, m * vd).unwrap(), h.read_floats(&st).unwrap());

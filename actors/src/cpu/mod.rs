@@ -237,7 +237,7 @@ impl Backend for CpuBackend {
         rows: usize,
     ) -> Result<(), ForwardError> {
         let model = &self.model;
-        let hy = hybrid(model)?;
+        let hy = model.hybrid()?;
         let (c, width, taps) = (hy.conv_dim(), Plane::Lin.width(&model.cfg), model.vec(w));
         let state = &mut kv.conv[layer];
         kv.dirty = true;
@@ -257,7 +257,7 @@ impl Backend for CpuBackend {
         rows: usize,
     ) -> Result<(), ForwardError> {
         let model = &self.model;
-        let hy = hybrid(model)?;
+        let hy = model.hybrid()?;
         let (kd, vd, nv) = (hy.key_dim(), hy.value_dim(), hy.linear_num_value_heads);
         let sh = delta::DeltaShape {
             k_heads: hy.linear_num_key_heads,
@@ -287,7 +287,7 @@ impl Backend for CpuBackend {
 
     fn gated_rmsnorm(&mut self, w: &TensorRef, rows: usize) -> Result<(), ForwardError> {
         let model = &self.model;
-        let hy = hybrid(model)?;
+        let hy = model.hybrid()?;
         let (c, vd, width) = (hy.conv_dim(), hy.value_dim(), Plane::Lin.width(&model.cfg));
         let (w, eps) = (model.vec(w), model.cfg.rms_norm_eps);
         let [.., lin, core, _, _] = &mut self.s.planes;
@@ -428,15 +428,6 @@ impl Backend for CpuBackend {
     }
 
     fn abandon(&mut self) {}
-}
-
-/// The hybrid shape of `model`, or an error for a model without one.
-fn hybrid(model: &Model) -> Result<&HybridConfig, ForwardError> {
-    model
-        .cfg
-        .hybrid
-        .as_ref()
-        .ok_or_else(|| ForwardError::Device("a DeltaNet operation on a model without DeltaNet layers".into()))
 }
 
 /// `g = silu(gate · x) ⊙ (up · x)` for `m` rows (`u` is scratch).

@@ -166,6 +166,14 @@ pub struct Model {
 }
 
 impl Model {
+    /// The hybrid (DeltaNet) shape, or the error a DeltaNet operation on a model without
+    /// DeltaNet layers gets, on any backend.
+    pub fn hybrid(&self) -> Result<&HybridConfig, ForwardError> {
+        self.cfg.hybrid.as_ref().ok_or_else(|| {
+            ForwardError::Device("a DeltaNet operation on a model without DeltaNet layers".into())
+        })
+    }
+
     /// Resolves every resident tensor of `vault` and precomputes RoPE for
     /// `max_context` positions (clamped to the model's trained context).
     pub fn load(vault: Arc<Vault>, max_context: usize) -> Result<Model, VaultError> {

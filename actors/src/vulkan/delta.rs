@@ -8,6 +8,8 @@
 use std::sync::{Arc, Mutex};
 
 use smoe_proto::HybridConfig;
+
+use crate::cpu::delta::DeltaShape;
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::descriptor_set::layout::DescriptorSetLayout;
 use vulkano::descriptor_set::DescriptorSet;
@@ -21,7 +23,7 @@ use super::pipelines::{kernel, Kernel};
 use super::record::{set0, Recorder};
 use super::VulkanError;
 use crate::contract::{ForwardError, Plane, SNAPSHOT_SPACING, STATE_SNAPSHOTS};
-use crate::model::{MixerRefs, Model};
+use crate::model::MixerRefs;
 
 /// Widest key head the delta-rule kernels take (`MAX_DK` in `shaders/delta_rule.comp`).
 pub const MAX_KEY_DIM: usize = 256;
@@ -100,6 +102,22 @@ impl DeltaArgs {
             lin_stride: a.width(Plane::Lin),
             core_off: a.at(Plane::Core),
             state_off,
+            rows: rows as u32,
+        }
+    }
+
+    /// `rows` rows of shape `sh` packed `lin_stride` apart from activation offset 0, their
+    /// outputs at `core_off`, the state at offset 0 of its buffer (kernel tests, benches).
+    pub fn packed(sh: DeltaShape, lin_stride: usize, core_off: usize, rows: usize) -> Self {
+        DeltaArgs {
+            k_heads: sh.k_heads as u32,
+            v_heads: sh.v_heads as u32,
+            k_dim: sh.k_dim as u32,
+            v_dim: sh.v_dim as u32,
+            lin_off: 0,
+            lin_stride: lin_stride as u32,
+            core_off: core_off as u32,
+            state_off: 0,
             rows: rows as u32,
         }
     }
@@ -305,15 +323,6 @@ impl StateBook {
     }
 }
 
-/// The hybrid shape of `model`, or an error for a model without one.
-fn hybrid(model: &Model) -> Result<&HybridConfig, ForwardError> {
-    model
-        .cfg
-        .hybrid
-        .as_ref()
-        .ok_or_else(|| ForwardError::Device("a DeltaNet operation on a model without DeltaNet layers".into()))
-}
-
 impl VulkanBackend {
     /// A new session's DeltaNet states (`None` for a model without DeltaNet layers).
     pub(super) fn new_delta_states(&self) -> Result<Option<Arc<DeltaStates>>, VulkanError> {
@@ -363,7 +372,7 @@ impl VulkanBackend {
         kv: &VulkanKvCache,
         rows: usize,
     ) -> Result<(), ForwardError> {
-        let hy = hybrid(&self.model)?;
+        let hy = self.model.hybrid()?;
         let (c, kernel) = (hy.conv_dim() as u32, hy.linear_conv_kernel_dim as u32);
         let set = states(kv)?.layer(layer)?.conv.clone();
         let a = self.a;
@@ -380,7 +389,7 @@ impl VulkanBackend {
         kv: &VulkanKvCache,
         rows: usize,
     ) -> Result<(), ForwardError> {
-        let hy = hybrid(&self.model)?;
+        let hy = self.model.hybrid()?;
         let st = states(kv)?.layer(layer)?;
         let args = DeltaArgs::new(self, hy, st.rec_off, rows);
         let (set, kernels) = (st.delta.clone(), self.kernels.clone());
@@ -393,7 +402,7 @@ impl VulkanBackend {
         w: &crate::vault::TensorRef,
         rows: usize,
     ) -> Result<(), ForwardError> {
-        let hy = hybrid(&self.model)?;
+        let hy = self.model.hybrid()?;
         let set = self.weights.vector(w)?.1.clone();
         let (a, eps) = (self.a, self.model.cfg.rms_norm_eps);
         let (core, stride) = (a.at(Plane::Core), a.width(Plane::Core));
