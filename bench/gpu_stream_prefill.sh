@@ -20,14 +20,8 @@ prompt=${3:-512}
 chunk=${4:-512}
 out=${OUT:-/tmp/gpu_stream_out}
 mkdir -p "$out"
-export XDG_RUNTIME_DIR=/tmp
-if compgen -G ".gl/*.deb" >/dev/null; then
-  for f in .gl/*.deb; do dpkg -x "$f" /; done
-  ldconfig
-fi
-if ! "$bin" devices >/dev/null 2>&1; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-fi
+. "$(dirname "$0")/gpu_env.sh"
+gpu_env "$bin"
 [ -d "$vault" ] || "$bin" synth --preset qwen3-30b-a3b --layers 3 --out "$vault" | tail -1
 dev=$(lsblk -no PKNAME "$(df --output=source "$vault" | tail -1)" 2>/dev/null | head -1)
 [ -n "$dev" ] || dev=$(basename "$(df --output=source "$vault" | tail -1)")

@@ -27,20 +27,14 @@ prompt=${3:-512}
 decode=${4:-128}
 out=${OUT:-/tmp/gpu_tier_out}
 mkdir -p "$out"
-export XDG_RUNTIME_DIR=/tmp
 tok=${TOKENIZER:-}
 if [ -z "$tok" ]; then
   for d in .tok "$HOME/.cache/smoe-pipeline/tokenizer-qwen3/package/models"; do
     if [ -f "$d/tokenizer.json" ]; then tok=$d; break; fi
   done
 fi
-if compgen -G ".gl/*.deb" >/dev/null; then
-  for f in .gl/*.deb; do dpkg -x "$f" /; done
-  ldconfig
-fi
-if ! "$bin" devices >/dev/null 2>&1; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-fi
+. "$(dirname "$0")/gpu_env.sh"
+gpu_env "$bin"
 "$bin" devices | tee "$out/devices.txt"
 dev=$("$bin" devices --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(next((x['index'] for x in d if x['usable'] and 'discrete' in x['kind']), 0))")
 [ -d "$vault" ] || "$bin" synth --preset qwen3-30b-a3b --layers 3 --out "$vault" | tail -1
