@@ -612,7 +612,7 @@ fn batched_delta_rule_matches_its_step() {
         let h = KernelHarness::new(ctx.clone(), m * width + m * vd + 64, 16).unwrap();
         h.write_act(0, &lin).unwrap();
         let core = m * width + 5;
-        let args = DeltaArgs::packed(sh, width, core, m);
+        let args = DeltaArgs::packed([nk, nv, dk, dv], width, core, m);
         let (set, st) = h.delta_state(&a_log, &dt_bias, &state0).unwrap();
         h.delta_rule(&set, args, true, 1).unwrap();
         let (batched, batched_state) = (h.read_act(core, m * vd).unwrap(), h.read_floats(&st).unwrap());

@@ -8,8 +8,6 @@
 use std::sync::{Arc, Mutex};
 
 use smoe_proto::HybridConfig;
-
-use crate::cpu::delta::DeltaShape;
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::descriptor_set::layout::DescriptorSetLayout;
 use vulkano::descriptor_set::DescriptorSet;
@@ -106,14 +104,16 @@ impl DeltaArgs {
         }
     }
 
-    /// `rows` rows of shape `sh` packed `lin_stride` apart from activation offset 0, their
-    /// outputs at `core_off`, the state at offset 0 of its buffer (kernel tests, benches).
-    pub fn packed(sh: DeltaShape, lin_stride: usize, core_off: usize, rows: usize) -> Self {
+    /// `rows` rows of shape `[k_heads, v_heads, k_dim, v_dim]` packed `lin_stride` apart
+    /// from activation offset 0, their outputs at `core_off`, the state at offset 0 of its
+    /// buffer (kernel tests, benches).
+    pub fn packed(shape: [usize; 4], lin_stride: usize, core_off: usize, rows: usize) -> Self {
+        let [k_heads, v_heads, k_dim, v_dim] = shape.map(|d| d as u32);
         DeltaArgs {
-            k_heads: sh.k_heads as u32,
-            v_heads: sh.v_heads as u32,
-            k_dim: sh.k_dim as u32,
-            v_dim: sh.v_dim as u32,
+            k_heads,
+            v_heads,
+            k_dim,
+            v_dim,
             lin_off: 0,
             lin_stride: lin_stride as u32,
             core_off: core_off as u32,

@@ -2,7 +2,6 @@
 //! against the card's memory bandwidth, at Qwen3.5-397B-A17B's and Qwen3-Next-80B-A3B's
 //! DeltaNet shapes.
 
-use smoe_actors::cpu::delta::DeltaShape;
 use smoe_actors::vulkan::harness::{DeltaArgs, KernelHarness};
 use smoe_actors::vulkan::VulkanContext;
 
@@ -35,8 +34,7 @@ pub fn delta(device: usize) {
             (0..LAYERS).map(|_| h.delta_state(&a_log, &dt_bias, &state).expect("state").0).collect();
         let state_bytes = (nv * dk * dv * 4) as f64;
         for rows in [1usize, 64, 512] {
-            let shape = DeltaShape { k_heads: nk, v_heads: nv, k_dim: dk, v_dim: dv };
-            let a = DeltaArgs::packed(shape, width, core, rows);
+            let a = DeltaArgs::packed([nk, nv, dk, dv], width, core, rows);
             let secs = time(&h, |r| {
                 sets.iter().try_for_each(|s| a.record(r, h.delta_kernels(), s.clone(), rows > 1))
             }) / LAYERS as f64;
