@@ -75,7 +75,8 @@ fn route<'r>(
 ) -> &'r mut RouteJob {
     assert!(matches!(model.layers[layer].ffn, FfnRefs::Moe { .. }), "layer {layer} of moe_all is MoE");
     let job = router.job_mut().expect("router runs");
-    job.request(layer, rows, GateInput::Hidden, bets);
+    job.request(layer, rows, bets);
+    job.set_input(GateInput::Hidden);
     let plane = job.hidden_mut();
     plane.resize(rows * model.cfg.hidden_size, 0.0);
     fill(plane);

@@ -93,6 +93,9 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         // `Phase::ALL` index 9: expert upload, in the prefill regime.
         let upload = &out["stats"]["profile"]["regimes"][0]["phases"][9];
         assert!(upload["device"].as_f64().unwrap() > 0.0, "{upload}");
+        // Index 12: with every expert in the tier, decode steps route on the device.
+        let routed = &out["stats"]["profile"]["regimes"][1]["phases"][12];
+        assert!(routed["calls"].as_u64().unwrap() > 0, "{routed}");
         // Two slots: one of each of the two sizes of Q4_K_M, two of bf16's one.
         let two = if st.len() == 1 { 2 * st[0] } else { st.iter().sum() };
         assert!(st.len() <= 2, "{st:?}");

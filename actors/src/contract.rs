@@ -303,6 +303,26 @@ pub trait Backend {
     /// After a failure: discards what was recorded and waits for the work in flight, so
     /// every blob handed to [`Backend::experts`] may be released.
     fn abandon(&mut self);
+    /// Whether a one-token pass may run its MoE steps with [`Backend::route_on_device`]
+    /// (the default: no).
+    fn routes_on_device(&mut self) -> bool {
+        false
+    }
+    /// Records the MoE step of decoder layer `layer` (router gate `gate`) for one token
+    /// with no sync point: the gate, the ranking (top-k and `bets` more ranks) on the
+    /// device, and the routed experts read where the device already holds them.
+    /// Speculative: [`Backend::device_routes`] says after the pass whether it held.
+    fn route_on_device(&mut self, layer: usize, _gate: &TensorRef, _bets: usize) -> Result<(), ForwardError> {
+        Err(ForwardError::Device(format!("layer {layer}: this backend cannot route on its device")))
+    }
+    /// After the sync point ending a pass recorded with [`Backend::route_on_device`]:
+    /// writes each such layer's ranked experts (top-k, then the bets) to `ranks[layer]`
+    /// and says whether every routed expert was on the device. If one was not, nothing
+    /// the pass computed is valid and it must run again host-routed; if all were, the
+    /// backend has counted the reads.
+    fn device_routes(&mut self, _ranks: &mut [Vec<u16>]) -> Result<bool, ForwardError> {
+        Ok(false)
+    }
     /// Profiling: the operations that follow belong to `phase` of a block in `regime`.
     /// A backend that times the device marks it there; the default does nothing.
     fn phase(&mut self, _regime: Regime, _phase: Phase) -> Result<(), ForwardError> {

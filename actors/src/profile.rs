@@ -65,6 +65,9 @@ pub enum Phase {
     Experts,
     /// Adding the weighted expert outputs to the residual stream.
     Combine,
+    /// A one-token MoE step routed on the device: gate, top-k, the experts the device
+    /// holds and the combine, with no sync point.
+    DeviceMoe,
     /// Final norm, LM head and the logits' trip back (a sync point).
     LmHead,
     /// The end of a block without logits (a sync point).
@@ -73,7 +76,7 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in layer-loop order.
-    pub const ALL: [Phase; 14] = [
+    pub const ALL: [Phase; 15] = [
         Phase::Embed,
         Phase::Norm,
         Phase::Attention,
@@ -86,6 +89,7 @@ impl Phase {
         Phase::ExpertUpload,
         Phase::Experts,
         Phase::Combine,
+        Phase::DeviceMoe,
         Phase::LmHead,
         Phase::Finish,
     ];
@@ -105,6 +109,7 @@ impl Phase {
             Phase::ExpertUpload => "expert upload",
             Phase::Experts => "expert dispatches",
             Phase::Combine => "combine",
+            Phase::DeviceMoe => "moe routed on the device",
             Phase::LmHead => "lm head + readback",
             Phase::Finish => "finish",
         }

@@ -13,13 +13,13 @@ pub enum GateInput {
     /// The router computes them from the block's normalised hidden rows
     /// ([`RouteJob::hidden_mut`]) with the layer's gate weight.
     Hidden,
-    /// The executor computed them on its device and wrote them to
-    /// [`RouteJob::logits_mut`].
-    Logits,
+    /// The executor ranked the experts on its device and wrote each token's ranks and
+    /// top-k weights ([`RouteJob::ranks_mut`]): the router only forms the union.
+    Ranked,
 }
 
-/// One layer's routing for a block of tokens: the request (layer, rows, gate input,
-/// bet depth) and, once routed, the plan (top-k per token, the union in first-use order
+/// One layer's routing for a block of tokens: the request (layer, rows, bet depth, and
+/// the gate input) and, once routed, the plan (top-k per token, the union in first-use order
 /// with each member's tokens, how much of the union was announced).
 pub struct RouteJob {
     h: usize,
@@ -57,7 +57,7 @@ impl RouteJob {
             layer: 0,
             rows: 0,
             bets: 0,
-            input: GateInput::Logits,
+            input: GateInput::Hidden,
             hidden: Vec::new(),
             logits: vec![0.0; m * experts],
             topk_e: vec![0; m * k],
@@ -72,16 +72,32 @@ impl RouteJob {
         }
     }
 
-    /// Sets the request: route `rows` tokens of decoder layer `layer` from `input`.
-    /// For a single token, `bets` more experts beyond top-k are ranked as speculative
+    /// Sets the request: route `rows` tokens of decoder layer `layer` (the executor then
+    /// supplies the input and says which with [`RouteJob::set_input`]). For a single token, `bets` more experts beyond top-k are ranked as speculative
     /// prefetches for the next token (see [`RouteJob::place_bets`]; 0 disables; ignored
     /// for blocks).
-    pub fn request(&mut self, layer: usize, rows: usize, input: GateInput, bets: usize) {
+    pub fn request(&mut self, layer: usize, rows: usize, bets: usize) {
         assert!(rows > 0 && rows * self.k <= self.topk_e.len(), "routing {rows} rows exceeds the job's size");
         self.layer = layer;
         self.rows = rows;
-        self.input = input;
         self.bets = if rows == 1 { bets.min(self.ranked.len() - self.k) } else { 0 };
+    }
+
+    /// Says where the gate logits of the request come from, once the executor has
+    /// supplied them.
+    pub fn set_input(&mut self, input: GateInput) {
+        self.input = input;
+    }
+
+    /// Experts ranked per token: top-k, plus the bets of a single token.
+    pub fn ranks(&self) -> usize {
+        self.k + self.bets
+    }
+
+    /// What the executor fills for [`GateInput::Ranked`]: token `t`'s ranked experts
+    /// ([`RouteJob::ranks`] of them: top-k, then the bets) and its top-k weights.
+    pub fn ranks_mut(&mut self, t: usize) -> (&mut [u16], &mut [f32]) {
+        rank_targets(self.k, self.bets, t, &mut self.ranked, &mut self.topk_e, &mut self.topk_w)
     }
 
     /// The hidden-row plane (`rows × hidden`) the router reads for [`GateInput::Hidden`].
@@ -89,11 +105,6 @@ impl RouteJob {
     /// instead of copying.
     pub fn hidden_mut(&mut self) -> &mut Vec<f32> {
         &mut self.hidden
-    }
-
-    /// The logits plane (`rows × experts`) for [`GateInput::Logits`].
-    pub fn logits_mut(&mut self) -> &mut [f32] {
-        &mut self.logits
     }
 
     /// Experts chosen per token: `rows × k`, token-major, in rank order.
@@ -190,14 +201,10 @@ impl RouteJob {
     /// What the router's ranking of token `t` fills: its logits (to be overwritten with
     /// probabilities), the ranked experts (top-k, then the bets) and the top-k weights.
     pub fn rank_slots(&mut self, t: usize) -> (&mut [f32], &mut [u16], &mut [f32]) {
-        let (k, ne) = (self.k, self.in_union.len());
+        let ne = self.in_union.len();
         let logits = &mut self.logits[t * ne..(t + 1) * ne];
-        let weights = &mut self.topk_w[t * k..(t + 1) * k];
-        let ranked = if self.bets > 0 {
-            &mut self.ranked[..k + self.bets]
-        } else {
-            &mut self.topk_e[t * k..(t + 1) * k]
-        };
+        let (ranked, weights) =
+            rank_targets(self.k, self.bets, t, &mut self.ranked, &mut self.topk_e, &mut self.topk_w);
         (logits, ranked, weights)
     }
 
@@ -246,4 +253,19 @@ impl RouteJob {
             *cur += 1;
         }
     }
+}
+
+/// Token `t`'s ranked experts (the single-token ranking scratch when there are bets,
+/// else its row of the top-k) and its top-k weights.
+fn rank_targets<'a>(
+    k: usize,
+    bets: usize,
+    t: usize,
+    ranked: &'a mut [u16],
+    topk_e: &'a mut [u16],
+    topk_w: &'a mut [f32],
+) -> (&'a mut [u16], &'a mut [f32]) {
+    let weights = &mut topk_w[t * k..(t + 1) * k];
+    let ranks = if bets > 0 { &mut ranked[..k + bets] } else { &mut topk_e[t * k..(t + 1) * k] };
+    (ranks, weights)
 }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use smoe_proto::{ClaimEvent, ClaimTally, ExpertHandle, ExpertKey, ExpertSource, RouteJob};
+use smoe_proto::{ClaimEvent, ClaimInfo, ClaimTally, ExpertHandle, ExpertKey, ExpertSource, RouteJob};
 
 use crate::contract::{Backend, Flush, ForwardError};
 use crate::model::Model;
@@ -19,6 +19,12 @@ pub struct MoeStep {
     claims: Claims,
     spec_depth: usize,
     union_sizes: Vec<usize>,
+    /// Experts per token.
+    k: usize,
+    /// Whether this pass's steps route on the backend's device.
+    on_device: bool,
+    /// Per decoder layer, the experts a device-routed pass ranked (top-k, then bets).
+    device_ranks: Vec<Vec<u16>>,
 }
 
 /// The claim side of the step: the handles the backend may still read, and the claim
@@ -59,6 +65,9 @@ impl MoeStep {
             },
             spec_depth: 0,
             union_sizes: vec![0; c.num_hidden_layers],
+            k: c.num_experts_per_tok.clamp(1, c.num_experts.max(1)),
+            on_device: false,
+            device_ranks: vec![Vec::new(); c.num_hidden_layers],
         }
     }
 
@@ -87,9 +96,39 @@ impl MoeStep {
         self.claims.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Called before a pass's first layer.
-    pub fn begin_pass(&mut self) {
+    /// Whether a pass over `m` tokens may run its steps with the routing on `b`'s device
+    /// ([`crate::contract::Backend::route_on_device`]): one token, no claim trace (a
+    /// device-routed step claims nothing from the ring), and a backend that can.
+    pub fn may_route_on_device<B: Backend>(&self, b: &mut B, m: usize) -> bool {
+        m == 1 && self.claims.trace.is_none() && b.routes_on_device()
+    }
+
+    /// Called before a pass's first layer; `on_device`: its steps route on the device.
+    pub fn begin_pass(&mut self, on_device: bool) {
         self.union_sizes.fill(0);
+        self.on_device = on_device;
+    }
+
+    /// After the sync point ending a device-routed pass: whether it held (when not,
+    /// the pass must run again host-routed). When it held, each layer's experts count
+    /// as claims served without a read, its union size is recorded and its bets are
+    /// queued, as a host-routed step would have.
+    pub fn settle_device<B: Backend>(&mut self, b: &mut B) -> Result<bool, ForwardError> {
+        self.device_ranks.iter_mut().for_each(Vec::clear);
+        if !b.device_routes(&mut self.device_ranks)? {
+            return Ok(false);
+        }
+        let k = self.k;
+        for (l, ranks) in self.device_ranks.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            self.union_sizes[l] = k;
+            for _ in 0..k {
+                self.claims.tally.add(ClaimInfo { hit: true, bytes: 0, bet_used: false });
+            }
+            for &e in &ranks[k..] {
+                self.claims.experts.prefetch(ExpertKey::new(l, e as usize));
+            }
+        }
+        Ok(true)
     }
 
     /// Called once the backend has synced at the end of a pass (or abandoned it): no
@@ -109,11 +148,15 @@ impl MoeStep {
         start: usize,
         m: usize,
     ) -> Result<(), ForwardError> {
+        if self.on_device {
+            return b.route_on_device(l, gate, self.spec_depth);
+        }
         let job = self.router.job_mut().ok_or(ForwardError::RouterStopped)?;
+        job.request(l, m, self.spec_depth);
         let input = b.route_input(gate, m, job)?;
+        job.set_input(input);
         // The backend has synced: nothing reads the previous layer's blobs any more.
         self.claims.handles.clear();
-        job.request(l, m, input, self.spec_depth);
         let job = self.router.route().map_err(|_| ForwardError::RouterStopped)?;
         b.route_output(job)?;
         let job: &RouteJob = job;

@@ -142,6 +142,15 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<GateInput, ForwardError> {
         self.op(None, Phase::RouterGate, |b| b.route_input(gate, rows, job))
     }
+    fn routes_on_device(&mut self) -> bool {
+        self.b.routes_on_device()
+    }
+    fn route_on_device(&mut self, layer: usize, gate: &TensorRef, bets: usize) -> Result<(), ForwardError> {
+        self.op(None, Phase::DeviceMoe, |b| b.route_on_device(layer, gate, bets))
+    }
+    fn device_routes(&mut self, ranks: &mut [Vec<u16>]) -> Result<bool, ForwardError> {
+        self.b.device_routes(ranks)
+    }
     fn route_output(&mut self, job: &mut RouteJob) -> Result<(), ForwardError> {
         self.op(Some(Phase::RouterStage), Phase::RoutingUpload, |b| b.route_output(job))
     }

@@ -373,15 +373,19 @@ pub fn forward<'b, B: Backend>(
     want_logits: bool,
 ) -> Result<Option<&'b [f32]>, ForwardError> {
     let (start, m) = (kv.len(), tokens.len());
-    moe.begin_pass();
-    let layers = match model.cfg.hybrid {
-        None => qwen3_moe::layers(b, moe, model, kv, tokens, start),
-        Some(_) => qwen3_next::layers(b, moe, model, kv, tokens, start),
-    };
-    let run = layers.and_then(|()| match want_logits {
-        true => b.lm_head(&model.norm, &model.lm_head, m - 1),
-        false => b.finish(),
-    });
+    // A device-routed step is speculative, so only a pass that can run again from the
+    // same cache routes on the device: recurrent states are updated in place.
+    let on_device = model.cfg.hybrid.is_none() && moe.may_route_on_device(b, m);
+    let mut run = pass(b, moe, model, kv, tokens, want_logits, on_device);
+    if on_device && run.is_ok() {
+        run = match moe.settle_device(b) {
+            Ok(true) => Ok(()),
+            // A routed expert was not on the device: the pass runs again host-routed,
+            // rewriting the same positions of the cache.
+            Ok(false) => pass(b, moe, model, kv, tokens, want_logits, false),
+            Err(e) => Err(e),
+        };
+    }
     if run.is_err() {
         b.abandon();
         // A failed pass may have moved recurrent states past `start`: the cache goes
@@ -393,4 +397,28 @@ pub fn forward<'b, B: Backend>(
     debug_assert_eq!(kv.len(), start);
     kv.advance(m);
     Ok(want_logits.then(|| b.last_logits()))
+}
+
+/// Every layer of the model for `tokens` at positions `kv.len()..`, then the LM head
+/// (`want_logits`) or the end of the block; the MoE steps route on the device when
+/// `on_device`.
+fn pass<B: Backend>(
+    b: &mut B,
+    moe: &mut MoeStep,
+    model: &Model,
+    kv: &mut B::Kv,
+    tokens: &[u32],
+    want_logits: bool,
+    on_device: bool,
+) -> Result<(), ForwardError> {
+    let (start, m) = (kv.len(), tokens.len());
+    moe.begin_pass(on_device);
+    match model.cfg.hybrid {
+        None => qwen3_moe::layers(b, moe, model, kv, tokens, start),
+        Some(_) => qwen3_next::layers(b, moe, model, kv, tokens, start),
+    }?;
+    match want_logits {
+        true => b.lm_head(&model.norm, &model.lm_head, m - 1),
+        false => b.finish(),
+    }
 }

@@ -99,12 +99,15 @@ fn run(model: &Model, experts: &dyn ExpertSource, job: &mut RouteJob) {
     job.finish();
 }
 
-/// Ranks token `t` from its logits (overwritten with probabilities) and announces each
+/// Ranks token `t` from its logits (overwritten with probabilities) unless the executor
+/// ranked it on its device, and announces each
 /// expert the moment it first enters the union, so its read starts while later tokens
 /// are still being routed.
 fn route_token(job: &mut RouteJob, t: usize, experts: &dyn ExpertSource) {
     let (k, norm, layer) = (job.k(), job.norm_topk_prob(), job.layer());
-    let (logits, ranked, weights) = job.rank_slots(t);
-    rank::route(logits, k, norm, ranked, weights);
+    if job.input() != GateInput::Ranked {
+        let (logits, ranked, weights) = job.rank_slots(t);
+        rank::route(logits, k, norm, ranked, weights);
+    }
     job.admit(t, |e| experts.announce(ExpertKey::new(layer, e as usize)));
 }

@@ -5,6 +5,7 @@
 use crate::contract::Plane;
 use crate::model::Model;
 
+use super::device_route::fast_words;
 use super::VulkanError;
 
 /// Offsets (f32 elements) of the regions of the activation arena, and each plane's row
@@ -14,6 +15,15 @@ pub struct Arena {
     planes: [(u32, u32); 12],
     /// Router logits, `rows × experts`.
     pub router: u32,
+    /// Each token's ranking (`route.comp`), rows of [`Arena::routed_stride`]: as many
+    /// rows as a block has tokens or the model has layers (a device-routed decode step
+    /// keeps every layer's).
+    pub routed: u32,
+    /// Elements per row of `routed`: ranked experts (up to one per expert), top-k
+    /// weights, and a device-routed step's miss count.
+    pub routed_stride: u32,
+    /// The routing words of a device-routed step (see `route.comp`).
+    pub fast: u32,
     /// Per-(token, rank) expert outputs, `rows · k × hidden`.
     pub yk: u32,
     /// Logits of one row.
@@ -44,6 +54,9 @@ impl Arena {
             planes[p as usize] = (take(size(p)), width(p) as u32);
         }
         let router = take(m * c.num_experts);
+        let routed_stride = c.num_experts + k + 1;
+        let routed = take(m.max(c.num_hidden_layers) * routed_stride);
+        let fast = take(fast_words(k));
         let yk = take(m * k * c.hidden_size);
         let logits = take(c.vocab_size);
         if off > u32::MAX as u64 / 2 {
@@ -51,7 +64,21 @@ impl Arena {
                 "activations for {m} rows need {off} floats; lower the chunk size"
             )));
         }
-        Ok(Arena { planes, router, yk, logits, len: off as u32 })
+        Ok(Arena {
+            planes,
+            router,
+            routed,
+            routed_stride: routed_stride as u32,
+            fast,
+            yk,
+            logits,
+            len: off as u32,
+        })
+    }
+
+    /// Elements of the `routed` rows of a block of `rows` tokens.
+    pub fn routed_len(&self, rows: usize) -> usize {
+        rows * self.routed_stride as usize
     }
 
     /// Offset of plane `p`'s row 0.

@@ -17,6 +17,7 @@ use super::arena::Arena;
 use super::buffers::{device_buffer, host_buffer, verr};
 use super::context::VulkanContext;
 use super::delta::MAX_KEY_DIM;
+use super::device_route::DeviceRoutes;
 use super::experts::{ExpertPath, ExpertState};
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
@@ -31,6 +32,9 @@ use crate::model::{MixerRefs, Model};
 use crate::profile::{Phase, PhaseProfile, Regime};
 use crate::vault::TensorRef;
 
+/// Most experts per layer the ranking kernel (`route.comp`) holds.
+const MAX_EXPERTS: usize = 1024;
+
 /// Device state of one forward pass (lives on the executor thread).
 pub struct VulkanBackend {
     pub(super) ctx: Arc<VulkanContext>,
@@ -38,12 +42,12 @@ pub struct VulkanBackend {
     pub(super) model: Arc<Model>,
     pub(super) weights: DeviceModel,
     pub(super) a: Arena,
-    act: Subbuffer<[f32]>,
+    pub(super) act: Subbuffer<[f32]>,
     act_set: Arc<DescriptorSet>,
-    /// Host-visible: embeddings in, router logits and logits out.
-    io: Subbuffer<[f32]>,
-    /// Where in `io` the router logits and the logits lie.
-    io_router: usize,
+    /// Host-visible: embeddings in, rankings and logits out.
+    pub(super) io: Subbuffer<[f32]>,
+    /// Where in `io` the rankings (rows of the arena's `routed`) and the logits lie.
+    pub(super) io_routed: usize,
     io_logits: usize,
     /// The recording in progress.
     rec: Option<Recorder>,
@@ -54,6 +58,8 @@ pub struct VulkanBackend {
     logits: Vec<f32>,
     /// The routing buffer and expert-blob bindings.
     pub(super) ex: ExpertState,
+    /// Device-routed decode steps, while the VRAM tier holds every expert.
+    pub(super) routes: Option<DeviceRoutes>,
     /// Device timestamps, while profiling.
     pub(super) timer: Option<DeviceTimer>,
 }
@@ -83,7 +89,12 @@ impl VulkanBackend {
         let weights = DeviceModel::upload(&ctx, &kernels, &model)?;
         let tier = VramTier::new(&ctx, &model, vram, weights.bytes() + act.size())?;
         let ex = ExpertState::new(&ctx, &model, m, arenas, tier)?;
-        let (io_router, io_logits) = (m * c.hidden_size, m * (c.hidden_size + c.num_experts));
+        let io_routed = m * c.hidden_size;
+        let io_logits = io_routed + a.routed_len(m.max(c.num_hidden_layers));
+        if c.num_experts > MAX_EXPERTS {
+            return Err(VulkanError::Unsupported(format!("{} experts > {MAX_EXPERTS}", c.num_experts)));
+        }
+        let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref())?;
         let io = host_buffer::<f32>(&ctx, (io_logits + c.vocab_size) as u64, BufferUsage::empty())?;
         let act_set = DescriptorSet::new(
             ctx.descriptors.clone(),
@@ -98,13 +109,14 @@ impl VulkanBackend {
             act,
             act_set,
             io,
-            io_router,
+            io_routed,
             io_logits,
             rec: None,
             transfer: None,
             pending: None,
             logits: Vec::with_capacity(c.vocab_size),
             ex,
+            routes,
             timer: None,
             kernels,
             ctx,
@@ -192,6 +204,27 @@ impl VulkanBackend {
     /// The VRAM tier's counters and slot states, when the tier is on.
     pub fn vram(&self) -> Option<VramSnapshot> {
         self.ex.vram.as_ref().map(VramTier::snapshot)
+    }
+
+    /// Records the router gate (weight `gate`) of `rows` rows of [`Plane::Xn`] into the
+    /// arena's router logits.
+    pub(super) fn record_gate(&mut self, gate: &TensorRef, rows: usize) -> Result<(), ForwardError> {
+        let ne = self.model.cfg.num_experts as u32;
+        let args =
+            MatmulArgs { out_off: self.a.router, out_stride: ne, ..self.args(Plane::Xn, Plane::Xn, rows) };
+        self.rec()?;
+        let rec = self.rec.as_mut().expect("started");
+        Ok(self.weights.matrix(gate)?.record(rec, args, rows > 1)?)
+    }
+
+    /// Records the MoE combine of `rows` rows, the routing weights at `w_off` of the
+    /// routing buffer.
+    pub(super) fn record_combine(&mut self, rows: usize, w_off: u32) -> Result<(), ForwardError> {
+        let (h, k) = (self.model.cfg.hidden_size as u32, self.model.cfg.num_experts_per_tok as u32);
+        let a = self.a;
+        let kacc = self.kernels.accumulate.clone();
+        let push = [h, k, a.yk, a.at(Plane::X), w_off];
+        Ok(self.rec()?.dispatch(&kacc, None, push, [h.div_ceil(256), rows as u32, 1])?)
     }
 
     /// Matmul arguments reading plane `src` and writing plane `dst` for `rows` rows.
@@ -405,20 +438,40 @@ impl Backend for VulkanBackend {
         rows: usize,
         job: &mut RouteJob,
     ) -> Result<GateInput, ForwardError> {
-        let ne = self.model.cfg.num_experts;
+        let (ne, k, ranks) = (self.model.cfg.num_experts, job.k(), job.ranks());
+        self.record_gate(gate, rows)?;
         let a = self.a;
-        let args =
-            MatmulArgs { out_off: a.router, out_stride: ne as u32, ..self.args(Plane::Xn, Plane::Xn, rows) };
-        self.rec()?;
-        let rec = self.rec.as_mut().expect("started");
-        self.weights.matrix(gate)?.record(rec, args, rows > 1)?;
-        let n = (rows * ne) as u64;
-        let (r0, io0) = (a.router as u64, self.io_router as u64);
-        rec.copy(self.act.clone().slice(r0..r0 + n), self.io.clone().slice(io0..io0 + n))?;
+        let push = [
+            ne as u32,
+            k as u32,
+            ranks as u32,
+            job.norm_topk_prob() as u32,
+            a.router,
+            a.routed,
+            a.routed_stride,
+        ];
+        let n = a.routed_len(rows) as u64;
+        let (r0, io0) = (a.routed as u64, self.io_routed as u64);
+        let (act, io, route) = (self.act.clone(), self.io.clone(), self.kernels.route.clone());
+        let rec = self.rec()?;
+        rec.dispatch(&route, None, push, [1, rows as u32, 1])?;
+        rec.copy(act.slice(r0..r0 + n), io.slice(io0..io0 + n))?;
         self.submit(true)?;
-        let io = self.io.read().map_err(verr("reading router logits"))?;
-        job.logits_mut()[..rows * ne].copy_from_slice(&io[self.io_router..self.io_router + rows * ne]);
-        Ok(GateInput::Logits)
+        let io = self.io.read().map_err(verr("reading the router's ranking"))?;
+        let (row, layer) = (a.routed_stride as usize, job.layer());
+        for t in 0..rows {
+            let r = &io[self.io_routed + t * row..self.io_routed + (t + 1) * row];
+            let (ids, weights) = job.ranks_mut(t);
+            for (id, e) in ids.iter_mut().zip(&r[..ranks]) {
+                *id = u16::try_from(e.to_bits()).ok().filter(|&e| (e as usize) < ne).ok_or_else(|| {
+                    ForwardError::Device(format!(
+                        "layer {layer}: the router ranked no expert for row {t} (its gate logits are not numbers)"
+                    ))
+                })?;
+            }
+            weights.copy_from_slice(&r[ne..ne + k]);
+        }
+        Ok(GateInput::Ranked)
     }
 
     fn route_output(&mut self, job: &mut RouteJob) -> Result<(), ForwardError> {
@@ -447,11 +500,7 @@ impl Backend for VulkanBackend {
     }
 
     fn combine(&mut self, plan: &RouteJob, rows: usize) -> Result<(), ForwardError> {
-        let (h, k) = (self.model.cfg.hidden_size as u32, plan.k() as u32);
-        let a = self.a;
-        let kacc = self.kernels.accumulate.clone();
-        let push = [h, k, a.yk, a.at(Plane::X), rows as u32 * k];
-        Ok(self.rec()?.dispatch(&kacc, None, push, [h.div_ceil(256), rows as u32, 1])?)
+        self.record_combine(rows, (rows * plan.k()) as u32)
     }
 
     fn lm_head(&mut self, norm: &TensorRef, lm_head: &TensorRef, row: usize) -> Result<(), ForwardError> {
@@ -490,6 +539,9 @@ impl Backend for VulkanBackend {
         if let Some(v) = self.ex.vram.as_mut() {
             v.abandon();
         }
+        if let Some(r) = self.routes.as_mut() {
+            r.abandon();
+        }
         if let Some(t) = self.timer.as_mut() {
             t.discard();
             if let Err(e) = t.collect() {
@@ -497,6 +549,18 @@ impl Backend for VulkanBackend {
                 self.timer = None;
             }
         }
+    }
+
+    fn routes_on_device(&mut self) -> bool {
+        self.routes.is_some()
+    }
+
+    fn route_on_device(&mut self, layer: usize, gate: &TensorRef, bets: usize) -> Result<(), ForwardError> {
+        self.record_device_route(layer, gate, bets)
+    }
+
+    fn device_routes(&mut self, ranks: &mut [Vec<u16>]) -> Result<bool, ForwardError> {
+        self.read_device_routes(ranks)
     }
 
     fn phase(&mut self, regime: Regime, phase: Phase) -> Result<(), ForwardError> {

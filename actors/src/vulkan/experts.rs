@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use smoe_proto::{DType, ExpertHandle, PartLayout, RouteJob};
+use smoe_proto::{DType, ExpertHandle, ExpertLayout, PartLayout, RouteJob};
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{
     AutoCommandBufferBuilder, CommandBufferUsage, CopyBufferInfo, PrimaryAutoCommandBuffer,
@@ -19,6 +19,7 @@ use super::allocator::ArenaRegistry;
 use super::backend::VulkanBackend;
 use super::buffers::{device_buffer, host_buffer, upload_buffer, verr};
 use super::context::VulkanContext;
+use super::device_route::fast_route_words;
 use super::record::{set0, weight_unit, MatmulArgs, Projection, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
 use super::vram::{Placement, VramTier};
 use super::VulkanError;
@@ -54,6 +55,8 @@ pub struct ExpertState {
     pub route_buf: Subbuffer<[u32]>,
     /// Routing-buffer offset of the expert table (entries indexed by union position).
     tab_off: usize,
+    /// Routing-buffer offset of a device-routed step's routing words (`device_route`).
+    pub fast_off: usize,
     /// The ring arenas kernels read in place.
     arenas: ArenaRegistry,
     /// Descriptor sets of expert-blob windows: (buffer, window start) → (down set,
@@ -131,7 +134,8 @@ impl ExpertState {
         let c = &model.cfg;
         let k = c.num_experts_per_tok.max(1);
         let route_len = 2 * m * k + 3 * c.num_experts.min(m * k);
-        let route_buf = upload_buffer::<u32>(ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
+        let route_buf =
+            upload_buffer::<u32>(ctx, (route_len + fast_route_words(k)) as u64, BufferUsage::STORAGE_BUFFER)?;
         check_layouts(model)?;
         let window = ctx.info.max_storage_buffer_range / 2 / 256 * 256;
         let stride = model.vault.max_blob_stride();
@@ -145,6 +149,7 @@ impl ExpertState {
         Ok(ExpertState {
             route_buf,
             tab_off: 2 * m * k,
+            fast_off: route_len,
             arenas,
             window_sets: HashMap::new(),
             window,
@@ -369,7 +374,6 @@ impl VulkanBackend {
         staged: bool,
     ) -> Result<(), VulkanError> {
         let model = self.model.clone();
-        let c = &model.cfg;
         let layout = *model.vault.expert_layout(l).map_err(|e| VulkanError::Unsupported(e.to_string()))?;
         let gran = if staged { self.ex.stage_window(&model) } else { self.ex.window };
         let mut order = std::mem::take(&mut self.ex.order);
@@ -389,11 +393,7 @@ impl VulkanBackend {
                 rb[t..t + 3].copy_from_slice(&[(blobs[i].offset() - start) as u32, s as u32, n as u32]);
             }
         }
-        let a = self.a;
-        let (hu, ku) = (c.hidden_size as u32, c.num_experts_per_tok as u32);
-        let inter = c.moe_intermediate_size as u32;
-        // Part offsets in the units of each part's type (table offsets are bytes).
-        let off = |p: &PartLayout| (p.offset / weight_unit(p.dtype)) as u32;
+        let (g0, d0) = self.expert_args(&layout);
         let mut i = 0;
         while i < order.len() {
             let (buf, start, i0) = order[i];
@@ -403,46 +403,62 @@ impl VulkanBackend {
             // Results do not depend on the kernel (identity), so any multi-token expert
             // picks the batched one for the whole group.
             let batched = order[i..j].iter().any(|o| self.ex.segs[first + o.2].1 > 1);
-            let g = MatmulArgs {
-                rows: inter,
-                cols: hu,
-                w_off: off(&layout.gate),
-                w2_off: off(&layout.up),
-                x_off: a.at(Plane::Xn),
-                x_stride: hu,
-                out_off: a.at(Plane::Hidden),
-                out_stride: inter,
-                map_div: ku,
-                flags: FLAG_GATHER | FLAG_TABLE,
+            let tab = MatmulArgs {
                 tab_off: (self.ex.tab_off + 3 * (first + i)) as u32,
                 groups: (j - i) as u32,
-                ..Default::default()
+                ..g0
             };
             let rec = self.rec()?;
-            rec.matmul(Projection::GateUp, layout.gate.dtype, batched, gu, g)?;
-            let d = MatmulArgs {
-                rows: hu,
-                cols: inter,
-                w_off: off(&layout.down),
-                x_off: a.at(Plane::Hidden),
-                x_stride: inter,
-                out_off: a.yk,
-                out_stride: hu,
-                flags: FLAG_SCATTER | FLAG_TABLE,
-                ..g
-            };
-            rec.matmul(Projection::Down, layout.down.dtype, batched, down, d)?;
+            rec.matmul(Projection::GateUp, layout.gate.dtype, batched, gu, tab)?;
+            let tab = MatmulArgs { tab_off: tab.tab_off, groups: tab.groups, ..d0 };
+            rec.matmul(Projection::Down, layout.down.dtype, batched, down, tab)?;
             i = j;
         }
         self.ex.order = order;
         Ok(())
     }
 
+    /// The gate/up and down arguments of expert kernels over experts stored as
+    /// `layout` says, reading their table entries from [`FLAG_TABLE`] (the table's
+    /// offset and size, and the pair list's offset, are the caller's).
+    pub(super) fn expert_args(&self, layout: &ExpertLayout) -> (MatmulArgs, MatmulArgs) {
+        let (a, c) = (self.a, &self.model.cfg);
+        let (hu, ku) = (c.hidden_size as u32, c.num_experts_per_tok as u32);
+        let inter = c.moe_intermediate_size as u32;
+        // Part offsets in the units of each part's type (table offsets are bytes).
+        let off = |p: &PartLayout| (p.offset / weight_unit(p.dtype)) as u32;
+        let g = MatmulArgs {
+            rows: inter,
+            cols: hu,
+            w_off: off(&layout.gate),
+            w2_off: off(&layout.up),
+            x_off: a.at(Plane::Xn),
+            x_stride: hu,
+            out_off: a.at(Plane::Hidden),
+            out_stride: inter,
+            map_div: ku,
+            flags: FLAG_GATHER | FLAG_TABLE,
+            ..Default::default()
+        };
+        let d = MatmulArgs {
+            rows: hu,
+            cols: inter,
+            w_off: off(&layout.down),
+            x_off: a.at(Plane::Hidden),
+            x_stride: inter,
+            out_off: a.yk,
+            out_stride: hu,
+            flags: FLAG_SCATTER | FLAG_TABLE,
+            ..g
+        };
+        (g, d)
+    }
+
     /// Descriptor sets (down, gate/up) binding the window of `blob`'s buffer that starts
     /// at `start` and spans `len` bytes (or to the buffer's end). A buffer's windows all
     /// have one length (the storage-buffer range for ring slots, the stage window for
     /// layer slots), so (buffer, start) names one.
-    fn window_sets(
+    pub(super) fn window_sets(
         &mut self,
         blob: &Subbuffer<[u8]>,
         start: u64,

@@ -21,6 +21,7 @@ mod backend;
 mod buffers;
 mod context;
 pub mod delta;
+mod device_route;
 mod experts;
 mod kv;
 mod pipelines;

@@ -115,6 +115,10 @@ pub struct Kernels {
     pub attention: Kernel,
     /// Weighted MoE combine with the residual add.
     pub accumulate: Kernel,
+    /// The router's softmax and top-k ranking of each token.
+    pub route: Kernel,
+    /// The ranking of a device-routed decode step, with its expert tables.
+    pub route_table: Kernel,
     /// The hybrid layers' kernels.
     pub delta: super::delta::DeltaKernels,
     /// The activation set layout shared by every kernel.
@@ -231,6 +235,8 @@ impl Kernels {
             qk_rope: k("qk_rope")?,
             attention: k("attention")?,
             accumulate: k("accumulate")?,
+            route: k("route")?,
+            route_table: k("route_table")?,
             delta: super::delta::DeltaKernels::new(device, &act_layout)?,
             act_layout,
         })

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use smoe_proto::DType;
 use vulkano::buffer::Subbuffer;
 use vulkano::command_buffer::{
-    AutoCommandBufferBuilder, CommandBufferUsage, CopyBufferInfo, PrimaryAutoCommandBuffer,
+    AutoCommandBufferBuilder, CommandBufferUsage, CopyBufferInfo, DispatchIndirectCommand,
+    PrimaryAutoCommandBuffer,
 };
 use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
 use vulkano::pipeline::PipelineBindPoint;
@@ -99,7 +100,7 @@ pub enum Projection {
 
 impl Projection {
     /// The kernel of `t` that computes this product (`batched` or m=1).
-    fn kernel(self, t: &TypedKernels, batched: bool) -> &Kernel {
+    pub(super) fn kernel(self, t: &TypedKernels, batched: bool) -> &Kernel {
         match (self, batched) {
             (Projection::Dense, false) => &t.matvec,
             (Projection::Down, false) => &t.down,
@@ -167,6 +168,20 @@ impl Recorder {
         push: [u32; N],
         groups: [u32; 3],
     ) -> Result<(), VulkanError> {
+        self.bind(kernel, set, push)?;
+        // SAFETY: every index a kernel forms is bounded by the push constants, which the
+        // callers derive from the sizes the buffers were allocated with.
+        unsafe { self.cb.dispatch(groups) }.map_err(verr("recording a dispatch"))?;
+        Ok(())
+    }
+
+    /// Binds `kernel`, its set 0 (`set`) and the activation set, and pushes `push`.
+    fn bind<const N: usize>(
+        &mut self,
+        kernel: &Kernel,
+        set: Option<Arc<DescriptorSet>>,
+        push: [u32; N],
+    ) -> Result<(), VulkanError> {
         let e = verr("recording a dispatch");
         self.cb.bind_pipeline_compute(kernel.pipeline.clone()).map_err(&e)?;
         let (first, sets) = match set {
@@ -177,9 +192,25 @@ impl Recorder {
             .bind_descriptor_sets(PipelineBindPoint::Compute, kernel.layout.clone(), first, sets)
             .map_err(&e)?;
         self.cb.push_constants(kernel.layout.clone(), 0, push).map_err(&e)?;
-        // SAFETY: every index a kernel forms is bounded by the push constants, which the
-        // callers derive from the sizes the buffers were allocated with.
-        unsafe { self.cb.dispatch(groups) }.map_err(&e)?;
+        Ok(())
+    }
+
+    /// One `p` product with the m=1 kernel over the experts of a [`FLAG_TABLE`] table
+    /// in weights bound in `set`, its workgroup counts read on the device from `sizes`
+    /// (written by an earlier kernel: a device-routed step's table sizes).
+    pub fn matmul_indirect(
+        &mut self,
+        p: Projection,
+        dtype: DType,
+        set: Arc<DescriptorSet>,
+        a: MatmulArgs,
+        sizes: Subbuffer<[DispatchIndirectCommand]>,
+    ) -> Result<(), VulkanError> {
+        let k = p.kernel(self.kernels.typed(dtype)?, false).clone();
+        self.bind(&k, Some(set), a.words())?;
+        // SAFETY: as `dispatch`; the table entries and sizes come from `route.comp`, which
+        // writes at most k entries per buffer and counts of at most k.
+        unsafe { self.cb.dispatch_indirect(sizes) }.map_err(verr("recording an indirect dispatch"))?;
         Ok(())
     }
 

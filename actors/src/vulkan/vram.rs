@@ -110,6 +110,8 @@ pub struct VramTier {
     busy: Vec<u32>,
     /// The current batch (see [`VramTier::begin_batch`]).
     batch: u64,
+    /// Changes of `slot_of` so far (see [`VramTier::version`]).
+    version: u64,
     stats: VramSnapshot,
     published: Published,
 }
@@ -194,6 +196,7 @@ impl VramTier {
             slots: Vec::new(),
             busy: Vec::new(),
             batch: 0,
+            version: 0,
             stats: VramSnapshot::default(),
             published: Published {
                 hits: metrics::counter!(VRAM_HITS),
@@ -260,6 +263,73 @@ impl VramTier {
         self.stats
     }
 
+    /// Counts the changes of which expert each slot holds (fills, and fills undone by
+    /// [`VramTier::abandon`]): a copy of [`VramTier::slot_words`] stays current while
+    /// this is unchanged.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Whether the tier holds every expert of every layer it serves at once, in at
+    /// most `max_buffers` buffers per size class of at most `max_binding` bytes each:
+    /// what device-routed steps need (a tier that holds a share of the experts would
+    /// miss on nearly every step).
+    pub fn holds_all(&self, max_binding: u64, max_buffers: usize) -> bool {
+        self.classes.iter().enumerate().all(|(ci, c)| {
+            let layers = self.layer_class.iter().filter(|&&lc| lc == ci as u32).count();
+            let slots = self.slots_of(ci);
+            slots as usize >= layers * self.experts_per_layer
+                && c.buffers.len() <= max_buffers
+                && c.buffers.iter().all(|b| b.size() <= max_binding)
+        })
+    }
+
+    /// Slots of class `c`.
+    fn slots_of(&self, c: usize) -> u32 {
+        let next = self.classes.get(c + 1).map_or(self.slots.len() as u32, |n| n.first);
+        next - self.classes[c].first
+    }
+
+    /// The device-local buffers holding decoder layer `layer`'s experts (none for a
+    /// layer the tier does not serve).
+    pub fn layer_buffers(&self, layer: usize) -> &[Subbuffer<[u8]>] {
+        match self.layer_class.get(layer) {
+            Some(&c) if c != NONE => &self.classes[c as usize].buffers,
+            _ => &[],
+        }
+    }
+
+    /// Writes the slot table the device reads: for each expert (layer · experts per
+    /// layer + expert), two words to `out`: the index among its class's buffers of the
+    /// buffer holding its filled slot and the slot's byte offset there, or (`u32::MAX`,
+    /// 0) for an expert without a confirmed copy.
+    pub fn slot_words(&self, out: &mut [u32]) {
+        for (flat, w) in out.chunks_exact_mut(2).enumerate().take(self.slot_of.len()) {
+            let s = self.slot_of[flat];
+            w.copy_from_slice(&match s != NONE && !self.slots[s as usize].unconfirmed {
+                true => {
+                    let class = &self.classes[self.layer_class[flat / self.experts_per_layer] as usize];
+                    let i = s - class.first;
+                    [i / class.per_buffer, ((i % class.per_buffer) as u64 * class.stride) as u32]
+                }
+                false => [NONE, 0],
+            });
+        }
+    }
+
+    /// Counts the reads of a device-routed step of decoder layer `layer`, which found
+    /// `experts` in the tier: hits, each slot becoming its class's most recently used.
+    pub fn touch(&mut self, layer: usize, experts: &[u16]) {
+        let Some(&c) = self.layer_class.get(layer).filter(|&&c| c != NONE) else { return };
+        for &e in experts {
+            let s = self.slot_of[layer * self.experts_per_layer + e as usize];
+            if s != NONE {
+                self.stats.hits += 1;
+                self.promote(c as usize, s);
+            }
+        }
+    }
+
     /// Starts a batch: slots placed from now on stay until the next batch starts.
     pub fn begin_batch(&mut self) {
         self.batch += 1;
@@ -297,6 +367,7 @@ impl VramTier {
         self.slots[v as usize].expert = flat as u32;
         self.slots[v as usize].unconfirmed = true;
         self.slot_of[flat] = v;
+        self.version += 1;
         self.stats.fills += 1;
         self.use_slot(c, v);
         Some(Placement::Fill(self.range(c, v, len)))
@@ -312,6 +383,11 @@ impl VramTier {
             self.stats.slots[1] -= 1;
             self.stats.slots[2] += 1;
         }
+        self.promote(c, s);
+    }
+
+    /// Makes slot `s` of class `c` its most recently used.
+    fn promote(&mut self, c: usize, s: u32) {
         self.unlink(c, s);
         let head = self.classes[c].head;
         self.slots[s as usize].next = head;
@@ -371,6 +447,7 @@ impl VramTier {
             }
             let flat = std::mem::replace(&mut slot.expert, NONE);
             self.slot_of[flat as usize] = NONE;
+            self.version += 1;
             self.stats.slots[0] += 1;
             let c = self.layer_class[flat as usize / self.experts_per_layer] as usize;
             self.unlink(c, s);

@@ -1,0 +1,235 @@
+//! Decode steps routed on the device. A host-routed MoE step is a sync point: the host
+//! waits for the router's logits, ranks the experts and writes the expert tables, once
+//! per MoE layer and token. While the VRAM tier holds every expert, a one-token pass
+//! instead records each MoE layer without one: the router gate, the ranking
+//! (`route.comp` built with `TABLE`), which looks each routed expert up in a device copy
+//! of the tier's slot table ([`VramTier::slot_words`]) and writes the expert table and
+//! indirect dispatch sizes of each tier buffer, the expert kernels over those buffers,
+//! and the combine: one submission per token.
+//!
+//! The step is speculative. After the pass the host reads each layer's ranking: if an
+//! expert was not in the tier (not yet filled), nothing the pass computed counts and it
+//! runs again host-routed, which fills the tier; else the tier counts the hits. The
+//! ranking is the same kernel's as a host-routed block's (`route`) and the expert
+//! kernels are the m=1 ones, so a device-routed step gives the same bytes as a
+//! host-routed one.
+
+use std::sync::Arc;
+
+use vulkano::buffer::{BufferUsage, Subbuffer};
+use vulkano::command_buffer::DispatchIndirectCommand;
+use vulkano::descriptor_set::DescriptorSet;
+
+use super::backend::VulkanBackend;
+use super::buffers::{device_buffer, upload_buffer, verr};
+use super::context::VulkanContext;
+use super::pipelines::Kernels;
+use super::record::{set0, MatmulArgs, Projection};
+use super::vram::VramTier;
+use super::VulkanError;
+use crate::contract::ForwardError;
+use crate::model::Model;
+use crate::vault::TensorRef;
+
+/// Most tier buffers of one size class a device-routed step reads (a class of more
+/// buffers, over 64 · 2 GiB, turns device routing off).
+pub const MAX_BUFFERS: usize = 64;
+
+/// Arena elements of a device-routed step's routing words (`route.comp`): the pair list
+/// and weights, an expert table per tier buffer, and two indirect dispatches per buffer.
+pub fn fast_words(k: usize) -> usize {
+    fast_route_words(k) + 6 * MAX_BUFFERS
+}
+
+/// Routing-buffer words of a device-routed step the expert kernels read: the pair
+/// list, the weights and the expert tables.
+pub fn fast_route_words(k: usize) -> usize {
+    2 * k + 3 * k * MAX_BUFFERS
+}
+
+/// The device side of device-routed steps.
+pub struct DeviceRoutes {
+    /// The tier's slot table as the device reads it ([`VramTier::slot_words`]).
+    slots: Subbuffer<[u32]>,
+    /// `route_table`'s set 0 (the slot table).
+    set: Arc<DescriptorSet>,
+    /// The tier version the slot table shows (`None`: never written).
+    written: Option<u64>,
+    /// Per tier buffer, the gate/up and down dispatch sizes of the current layer.
+    sizes: Subbuffer<[DispatchIndirectCommand]>,
+    /// (layer, ranks) of each step recorded in the current pass.
+    layers: Vec<(usize, usize)>,
+}
+
+impl DeviceRoutes {
+    /// The device side for `model` when `tier` holds every expert in buffers one
+    /// binding can cover ([`VramTier::holds_all`]); `None` otherwise (steps are then
+    /// host-routed).
+    pub fn new(
+        ctx: &Arc<VulkanContext>,
+        kernels: &Kernels,
+        model: &Model,
+        tier: Option<&VramTier>,
+    ) -> Result<Option<DeviceRoutes>, VulkanError> {
+        let Some(tier) = tier else { return Ok(None) };
+        if !tier.holds_all(ctx.info.max_storage_buffer_range, MAX_BUFFERS) {
+            tracing::info!("decode steps are host-routed: the VRAM tier cannot hold every expert at once");
+            return Ok(None);
+        }
+        let c = &model.cfg;
+        let words = 2 * c.num_hidden_layers * c.num_experts;
+        let slots = upload_buffer::<u32>(ctx, words as u64, BufferUsage::STORAGE_BUFFER)?;
+        let set = set0(ctx, &kernels.route_table, &[slots.clone().into_bytes()])?;
+        let sizes = device_buffer::<DispatchIndirectCommand>(
+            ctx,
+            2 * MAX_BUFFERS as u64,
+            BufferUsage::INDIRECT_BUFFER | BufferUsage::STORAGE_BUFFER,
+        )?;
+        Ok(Some(DeviceRoutes { slots, set, written: None, sizes, layers: Vec::new() }))
+    }
+}
+
+impl DeviceRoutes {
+    /// The pass was abandoned: the steps recorded in it are forgotten.
+    pub fn abandon(&mut self) {
+        self.layers.clear();
+    }
+}
+
+impl VulkanBackend {
+    /// Records decoder layer `l`'s MoE step for one token routed on the device (see
+    /// the module): the gate (router weight `gate`), the ranking of top-k and `bets`
+    /// more experts, the routing words and dispatch sizes, the expert kernels over each
+    /// tier buffer of the layer, and the combine.
+    pub(super) fn record_device_route(
+        &mut self,
+        l: usize,
+        gate: &TensorRef,
+        bets: usize,
+    ) -> Result<(), ForwardError> {
+        let model = self.model.clone();
+        let c = &model.cfg;
+        let (ne, k) = (c.num_experts, c.num_experts_per_tok.clamp(1, c.num_experts.max(1)));
+        let ranks = k + bets.min(ne - k);
+        let layout = *model.vault.expert_layout(l).map_err(|e| ForwardError::Device(e.to_string()))?;
+        let (Some(routes), Some(tier)) = (self.routes.as_mut(), self.ex.vram.as_ref()) else {
+            return Err(ForwardError::Device("device routing is off".into()));
+        };
+        if routes.layers.is_empty() && routes.written != Some(tier.version()) {
+            // No work is in flight at a pass's start: the slot table may be rewritten.
+            let mut w = routes.slots.write().map_err(verr("writing the VRAM slot table"))?;
+            tier.slot_words(&mut w);
+            routes.written = Some(tier.version());
+        }
+        routes.layers.push((l, ranks));
+        let buffers: Vec<Subbuffer<[u8]>> = tier.layer_buffers(l).to_vec();
+        let (nb, set, sizes) = (buffers.len(), routes.set.clone(), routes.sizes.clone());
+        let (g0, d0) = self.expert_args(&layout);
+        let kernels = self.kernels.clone();
+        let groups = |p: Projection, dtype, a: &MatmulArgs| -> Result<u32, VulkanError> {
+            Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false).rows_per_wg()))
+        };
+        let (gu_groups, down_groups) = (
+            groups(Projection::GateUp, layout.gate.dtype, &g0)?,
+            groups(Projection::Down, layout.down.dtype, &d0)?,
+        );
+        self.record_gate(gate, 1)?;
+        let a = self.a;
+        let out = a.routed + l as u32 * a.routed_stride;
+        let push = [
+            ne as u32,
+            k as u32,
+            ranks as u32,
+            c.norm_topk_prob as u32,
+            a.router,
+            out,
+            a.routed_stride,
+            (l * ne) as u32,
+            nb as u32,
+            a.fast,
+            gu_groups,
+            down_groups,
+        ];
+        let fast_off = self.ex.fast_off;
+        let (route_words, size_words) = (2 * k + 3 * k * nb, 6 * nb);
+        let (act, route_buf, io, io_routed) =
+            (self.act.clone(), self.ex.route_buf.clone(), self.io.clone(), self.io_routed);
+        let rec = self.rec()?;
+        rec.dispatch(&kernels.route_table, Some(set), push, [1, 1, 1])?;
+        let words = |from: u32, n: usize| act.clone().slice(from as u64..from as u64 + n as u64);
+        rec.copy(
+            words(a.fast, route_words).reinterpret::<[u32]>(),
+            route_buf.slice(fast_off as u64..(fast_off + route_words) as u64),
+        )?;
+        rec.copy(
+            words(a.fast + route_words as u32, size_words).into_bytes(),
+            sizes.clone().slice(0..2 * nb as u64).into_bytes(),
+        )?;
+        let row = a.routed_stride as u64;
+        let io_at = io_routed as u64 + l as u64 * row;
+        rec.copy(words(out, row as usize), io.slice(io_at..io_at + row))?;
+        for (b, buf) in buffers.iter().enumerate() {
+            let (down, gu) = self.window_sets(buf, 0, self.ctx.info.max_storage_buffer_range)?;
+            let tab_off = (fast_off + 2 * k + 3 * k * b) as u32;
+            let (g, d) = (
+                MatmulArgs { map_off: fast_off as u32, tab_off, ..g0 },
+                MatmulArgs { map_off: fast_off as u32, tab_off, ..d0 },
+            );
+            let at = 2 * b as u64;
+            let rec = self.rec()?;
+            rec.matmul_indirect(
+                Projection::GateUp,
+                layout.gate.dtype,
+                gu,
+                g,
+                sizes.clone().slice(at..at + 1),
+            )?;
+            rec.matmul_indirect(
+                Projection::Down,
+                layout.down.dtype,
+                down,
+                d,
+                sizes.clone().slice(at + 1..at + 2),
+            )?;
+        }
+        self.record_combine(1, (fast_off + k) as u32)
+    }
+
+    /// After the sync point ending a pass of device-routed steps: each step's ranking
+    /// into `ranks[layer]`, and whether every routed expert was in the tier (then the
+    /// tier counts the hits; else the pass is void).
+    pub(super) fn read_device_routes(&mut self, ranks: &mut [Vec<u16>]) -> Result<bool, ForwardError> {
+        let ne = self.model.cfg.num_experts;
+        let k = self.model.cfg.num_experts_per_tok.clamp(1, ne.max(1));
+        let Some(routes) = self.routes.as_mut() else { return Ok(false) };
+        let layers = std::mem::take(&mut routes.layers);
+        let io = self.io.read().map_err(verr("reading the device routing"))?;
+        let row = self.a.routed_stride as usize;
+        let mut held = true;
+        for &(l, n) in &layers {
+            let r = &io[self.io_routed + l * row..self.io_routed + (l + 1) * row];
+            held &= r[ne + k].to_bits() == 0;
+            let ids = &mut ranks[l];
+            ids.clear();
+            for &e in &r[..n] {
+                let e = e.to_bits();
+                if e as usize >= ne {
+                    return Err(ForwardError::Device(format!(
+                        "layer {l}: the router ranked no expert (its gate logits are not numbers)"
+                    )));
+                }
+                ids.push(e as u16);
+            }
+        }
+        drop(io);
+        if held {
+            if let Some(tier) = self.ex.vram.as_mut() {
+                for &(l, _) in &layers {
+                    tier.touch(l, &ranks[l][..k]);
+                }
+                tier.publish();
+            }
+        }
+        Ok(held)
+    }
+}

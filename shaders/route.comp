@@ -1,0 +1,187 @@
+#version 450
+// The router's ranking on the device, one token per workgroup (workgroup y = token):
+// the softmax of the token's gate logits, then its `ranks` most probable experts in
+// descending probability (equal probabilities to the lower index, as
+// actors/src/router/rank.rs ranks them), the first k with their probabilities as
+// weights, renormalised (summed in rank order, then divided) when `norm` is set.
+// A row's result depends only on its logits, never on the rows dispatched with it, so a
+// token ranks the same in a decode step and in a prefill block.
+//
+// Output, token t at `out_off + t * out_stride` of the arena: the ranked experts'
+// indices (as float bits) at 0 .. ranks, the top-k weights at `ne .. ne + k`.
+// NaN logits are not ranked (a row of them ranks no expert: index NONE).
+//
+// With TABLE (`route_table`, one token: a decode step whose experts the VRAM tier may
+// hold, actors/src/vulkan/device_route.rs) it also writes the routing words with which
+// the expert kernels read the tier's buffers directly, at `tab_out` (layout at the end
+// of `main`), from the tier's slot of each expert (`slots`, written by the host).
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+
+layout(push_constant) uniform Params {
+    uint ne;          // experts
+    uint k;           // experts per token
+    uint ranks;       // experts ranked (k, or k + bets)
+    uint norm;        // renormalise the top-k weights
+    uint in_off;      // act offset of token 0's logits (rows ne apart)
+    uint out_off;     // act offset of token 0's output
+    uint out_stride;  // act elements between tokens' outputs
+#ifdef TABLE
+    uint slot_off;    // slots offset of this layer's first expert
+    uint buffers;     // tier buffers the layer's class has
+    uint tab_out;     // act offset of the routing words
+    uint gu_groups;   // workgroups (x) of one gate/up dispatch
+    uint down_groups; // workgroups (x) of one down dispatch
+#endif
+} pc;
+
+#ifdef TABLE
+// Per expert of every layer: (tier buffer of its slot or NONE, byte offset in it).
+layout(set = 0, binding = 0) readonly buffer Slots { uint slots[]; };
+#endif
+
+#define MAX_E 1024u
+#define NONE 0xFFFFFFFFu
+shared float p[MAX_E];
+shared float redf[WG_SIZE];
+shared uint redi[WG_SIZE];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint t = gl_WorkGroupID.y;
+    uint src = pc.in_off + t * pc.ne;
+    uint dst = pc.out_off + t * pc.out_stride;
+
+    float mx = -1.0 / 0.0;
+    for (uint e = tid; e < pc.ne; e += WG_SIZE) {
+        mx = max(mx, act[src + e]);
+    }
+    redf[tid] = mx;
+    barrier();
+    for (uint s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if (tid < s) {
+            redf[tid] = max(redf[tid], redf[tid + s]);
+        }
+        barrier();
+    }
+    float gmax = redf[0];
+    barrier();
+
+    precise float sum = 0.0;
+    for (uint e = tid; e < pc.ne; e += WG_SIZE) {
+        precise float v = exp(act[src + e] - gmax);
+        p[e] = v;
+        sum = sum + v;
+    }
+    redf[tid] = sum;
+    barrier();
+    for (uint s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if (tid < s) {
+            precise float r = redf[tid] + redf[tid + s];
+            redf[tid] = r;
+        }
+        barrier();
+    }
+    float gsum = redf[0];
+    barrier();
+    for (uint e = tid; e < pc.ne; e += WG_SIZE) {
+        precise float q = p[e] / gsum;
+        p[e] = q;
+    }
+    barrier();
+
+    // Rank r: the most probable expert not yet taken (the lower index on ties), found
+    // by a tree over each lane's best; a taken expert's probability becomes -1.
+    precise float wsum = 0.0;
+    for (uint r = 0u; r < pc.ranks; r++) {
+        float bv = -1.0;
+        uint bi = NONE;
+        for (uint e = tid; e < pc.ne; e += WG_SIZE) {
+            if (p[e] > bv) {
+                bv = p[e];
+                bi = e;
+            }
+        }
+        redf[tid] = bv;
+        redi[tid] = bi;
+        barrier();
+        for (uint s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+            if (tid < s) {
+                float ov = redf[tid + s];
+                uint oi = redi[tid + s];
+                if (ov > redf[tid] || (ov == redf[tid] && oi < redi[tid])) {
+                    redf[tid] = ov;
+                    redi[tid] = oi;
+                }
+            }
+            barrier();
+        }
+        uint best = redi[0];
+        float w = redf[0];
+        if (tid == 0u) {
+            act[dst + r] = uintBitsToFloat(best);
+            if (r < pc.k) {
+                act[dst + pc.ne + r] = w;
+                wsum = wsum + w;
+            }
+            if (best < pc.ne) {
+                p[best] = -1.0;
+            }
+        }
+        barrier();
+    }
+    if (tid == 0u && pc.norm != 0u) {
+        for (uint r = 0u; r < pc.k; r++) {
+            precise float q = act[dst + pc.ne + r] / wsum;
+            act[dst + pc.ne + r] = q;
+        }
+    }
+#ifdef TABLE
+    // The routing words of a decode step whose experts are read in the tier's buffers,
+    // at tab_out (offsets relative to it; B = buffers):
+    //   0 .. k:              the pair list (pair r is token 0's rank r)
+    //   k .. 2k:             the routing weights (as above)
+    //   2k + 3k·b ..:        tier buffer b's expert table, k entries of (byte offset,
+    //                        first pair, 1 pair), its experts first
+    //   2k + 3kB + 6b ..:    buffer b's indirect dispatch sizes: gate/up (x, n, 1) and
+    //                        down (x, n, 1), n = its experts
+    // and the count of routed experts the tier does not hold at ne + k of the output
+    // row (then the step is void: the caller runs it again host-routed).
+    if (tid == 0u) {
+        uint o = pc.tab_out;
+        uint ind = o + 2u * pc.k + 3u * pc.k * pc.buffers;
+        uint misses = 0u;
+        for (uint r = 0u; r < pc.k; r++) {
+            uint e = floatBitsToUint(act[dst + r]);
+            if (e >= pc.ne || slots[2u * (pc.slot_off + e)] == NONE) {
+                misses++;
+            }
+            act[o + r] = uintBitsToFloat(r);
+            act[o + pc.k + r] = act[dst + pc.ne + r];
+        }
+        for (uint b = 0u; b < pc.buffers; b++) {
+            uint n = 0u;
+            for (uint r = 0u; r < pc.k; r++) {
+                uint e = floatBitsToUint(act[dst + r]);
+                if (e < pc.ne && slots[2u * (pc.slot_off + e)] == b) {
+                    e += pc.slot_off;
+                    uint at = o + 2u * pc.k + 3u * (pc.k * b + n);
+                    act[at] = uintBitsToFloat(slots[2u * e + 1u]);
+                    act[at + 1u] = uintBitsToFloat(r);
+                    act[at + 2u] = uintBitsToFloat(1u);
+                    n++;
+                }
+            }
+            act[ind + 6u * b] = uintBitsToFloat(pc.gu_groups);
+            act[ind + 6u * b + 1u] = uintBitsToFloat(n);
+            act[ind + 6u * b + 2u] = uintBitsToFloat(1u);
+            act[ind + 6u * b + 3u] = uintBitsToFloat(pc.down_groups);
+            act[ind + 6u * b + 4u] = uintBitsToFloat(n);
+            act[ind + 6u * b + 5u] = uintBitsToFloat(1u);
+        }
+        act[dst + pc.ne + pc.k] = uintBitsToFloat(misses);
+    }
+#endif
+}
