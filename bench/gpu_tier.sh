@@ -9,6 +9,8 @@
 #      hit rate, and how skewed the decode routing is (share of claims on each layer's
 #      most-claimed quarter of experts, against uniform routing at the same sample size);
 #   3. the phase profiles (`generate --profile`) of a tier-off and a tier-on run.
+# With $BASE set to another build's binary, part 1 also runs that build with the tier
+# holding every expert, interleaved (an A/B of two builds in the same run).
 #
 #   bash bench/gpu_tier.sh BIN [VAULT] [PROMPT_TOKENS] [DECODE_TOKENS]
 #
@@ -54,7 +56,7 @@ print(b, b // 4)")
 run() {
   local name=$1
   shift
-  "$bin" generate --vault "$vault" --max-tokens "${tokens:-$decode}" --ignore-eos --json \
+  "${runbin:-$bin}" generate --vault "$vault" --max-tokens "${tokens:-$decode}" --ignore-eos --json \
     --backend vulkan --device "$dev" --chunk-size "$prompt" --max-context $((prompt > 1024 ? prompt + decode + 8 : 1024 + decode + 8)) \
     --ring-bytes 64GiB "$@" >"$out/$name.json" 2>"$out/$name.err" || { cat "$out/$name.err" >&2; exit 1; }
   python3 - "$out/$name.json" "$vault" "$name" <<'EOF'
@@ -86,8 +88,10 @@ tokens=8 run warmup --prompt-ids "$ids" --vram-bytes 0 >/dev/null
 # clocked up before the measured run).
 run off --prompt-ids "$ids" --vram-bytes 0 --warmup --logits-out "$out/off.logits"
 run all --prompt-ids "$ids" --vram-bytes "$all" --warmup --logits-out "$out/all.logits"
+[ -z "${BASE:-}" ] || runbin=$(realpath "$BASE") run base-all --prompt-ids "$ids" --vram-bytes "$all" --warmup
 run off-again --prompt-ids "$ids" --vram-bytes 0 --warmup
 run all-again --prompt-ids "$ids" --vram-bytes "$all" --warmup
+[ -z "${BASE:-}" ] || runbin=$(realpath "$BASE") run base-all-again --prompt-ids "$ids" --vram-bytes "$all" --warmup
 if cmp -s "$out/off.logits" "$out/all.logits"; then
   echo "logits: tier off and tier on byte-identical"
 else
