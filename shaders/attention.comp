@@ -14,7 +14,7 @@ layout(push_constant) uniform Params {
     uint nkv;      // key/value heads
     uint q_off;    // act offset of token 0's queries
     uint out_off;  // act offset of token 0's attention output
-    uint start;    // position of token 0
+    uint pos_off;  // act offset of the position of token 0 (written for each pass)
     float scale;   // 1 / sqrt(head_dim)
 } pc;
 
@@ -46,7 +46,7 @@ void main() {
     uint kvd = pc.nkv * hd;
     uint g = head / (pc.nh / pc.nkv);
     uint kbase = g * hd;
-    uint n = pc.start + t + 1u;
+    uint n = floatBitsToUint(act[pc.pos_off]) + t + 1u;
     uint qsrc = pc.q_off + t * qd + head * hd;
     for (uint i = tid; i < hd; i += 128u) {
         qs[i] = act[qsrc + i];

@@ -96,6 +96,14 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         // Index 12: with every expert in the tier, decode steps route on the device.
         let routed = &out["stats"]["profile"]["regimes"][1]["phases"][12];
         assert!(routed["calls"].as_u64().unwrap() > 0, "{routed}");
+        // Without the profile, device-routed decode steps after the first replay its kept
+        // command buffer: the same bytes.
+        let (out, logits) = run(dir.path(), &vault, 1 << 30, &[]);
+        assert!(
+            logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{quant:?}: replayed"
+        );
+        check_counters(&out, all);
         // Two slots: one of each of the two sizes of Q4_K_M, two of bf16's one.
         let two = if st.len() == 1 { 2 * st[0] } else { st.iter().sum() };
         assert!(st.len() <= 2, "{st:?}");

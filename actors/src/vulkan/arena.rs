@@ -28,6 +28,9 @@ pub struct Arena {
     pub yk: u32,
     /// Logits of one row.
     pub logits: u32,
+    /// The position of the block's first token, as its bits (the host writes it for each
+    /// pass, so a recording does not depend on it).
+    pub pos: u32,
     /// Elements in all.
     pub len: u32,
 }
@@ -59,6 +62,7 @@ impl Arena {
         let fast = take(fast_words(k));
         let yk = take(m * k * c.hidden_size);
         let logits = take(c.vocab_size);
+        let pos = take(1);
         if off > u32::MAX as u64 / 2 {
             return Err(VulkanError::Unsupported(format!(
                 "activations for {m} rows need {off} floats; lower the chunk size"
@@ -72,6 +76,7 @@ impl Arena {
             fast,
             yk,
             logits,
+            pos,
             len: off as u32,
         })
     }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use smoe_proto::{ExpertHandle, GateInput, RouteJob, VramSnapshot};
 use vulkano::buffer::{BufferUsage, Subbuffer};
-use vulkano::command_buffer::{CommandBufferUsage, PrimaryAutoCommandBuffer};
+use vulkano::command_buffer::PrimaryAutoCommandBuffer;
 use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
 use vulkano::sync::GpuFuture;
 
@@ -22,6 +22,7 @@ use super::experts::{ExpertPath, ExpertState};
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
 use super::record::{MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
+use super::replay::Replays;
 use super::timing::DeviceTimer;
 use super::vram::VramTier;
 use super::weights::{device_embeds, DeviceModel};
@@ -49,6 +50,8 @@ pub struct VulkanBackend {
     /// Where in `io` the rankings (rows of the arena's `routed`) and the logits lie.
     pub(super) io_routed: usize,
     io_logits: usize,
+    /// Where in `io` the position of the block's first token goes (see [`Arena::pos`]).
+    io_pos: usize,
     /// The recording in progress.
     rec: Option<Recorder>,
     /// A staging upload to run before `rec`.
@@ -60,6 +63,8 @@ pub struct VulkanBackend {
     pub(super) ex: ExpertState,
     /// Device-routed decode steps, while the VRAM tier holds every expert.
     pub(super) routes: Option<DeviceRoutes>,
+    /// Kept command buffers of device-routed decode steps.
+    replays: Replays,
     /// Device timestamps, while profiling.
     pub(super) timer: Option<DeviceTimer>,
 }
@@ -95,7 +100,8 @@ impl VulkanBackend {
             return Err(VulkanError::Unsupported(format!("{} experts > {MAX_EXPERTS}", c.num_experts)));
         }
         let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref())?;
-        let io = host_buffer::<f32>(&ctx, (io_logits + c.vocab_size) as u64, BufferUsage::empty())?;
+        let io_pos = io_logits + c.vocab_size;
+        let io = host_buffer::<f32>(&ctx, io_pos as u64 + 1, BufferUsage::empty())?;
         let act_set = DescriptorSet::new(
             ctx.descriptors.clone(),
             kernels.act_layout.clone(),
@@ -111,12 +117,14 @@ impl VulkanBackend {
             io,
             io_routed,
             io_logits,
+            io_pos,
             rec: None,
             transfer: None,
             pending: None,
             logits: Vec::with_capacity(c.vocab_size),
             ex,
             routes,
+            replays: Replays::default(),
             timer: None,
             kernels,
             ctx,
@@ -133,12 +141,9 @@ impl VulkanBackend {
     /// The recording in progress (started on first use).
     pub(super) fn rec(&mut self) -> Result<&mut Recorder, VulkanError> {
         if self.rec.is_none() {
-            let rec = Recorder::new(
-                &self.ctx,
-                self.kernels.clone(),
-                self.act_set.clone(),
-                CommandBufferUsage::OneTimeSubmit,
-            )?;
+            let mut rec =
+                Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone(), self.replays.usage())?;
+            rec.discard = self.replays.replaying();
             self.rec = Some(rec);
         }
         Ok(self.rec.as_mut().expect("just started"))
@@ -155,7 +160,14 @@ impl VulkanBackend {
         if let Some(t) = self.timer.as_mut() {
             t.end(&mut rec.cb)?;
         }
-        let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
+        let cb = match self.replays.take_replay() {
+            Some(kept) => kept,
+            None => {
+                let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
+                self.replays.keep(&cb);
+                cb
+            }
+        };
         let e = verr("running a layer step");
         let now = || vulkano::sync::now(self.ctx.device.clone()).boxed();
         let start = self.pending.take().unwrap_or_else(now);
@@ -344,26 +356,33 @@ impl Backend for VulkanBackend {
             a.at(Plane::Q),
             a.at(Plane::K),
             a.at(Plane::V),
-            start as u32,
+            a.pos,
             c.rms_norm_eps.to_bits(),
             self.model.rope.half as u32,
         ];
         let (k, set) = (self.kernels.qk_rope.clone(), kv_layer(kv, layer)?.rope.clone());
-        Ok(self.rec()?.dispatch(&k, Some(set), push, [nh + nkv, rows as u32, 1])?)
+        // The position is data, not a push constant, so a kept recording serves every
+        // position (the attention kernel reads it too).
+        self.io.write().map_err(verr("writing the position"))?[self.io_pos] = f32::from_bits(start as u32);
+        let (io, act, (ip, ap)) = (self.io.clone(), self.act.clone(), (self.io_pos as u64, a.pos as u64));
+        let rec = self.rec()?;
+        rec.copy(io.slice(ip..ip + 1), act.slice(ap..ap + 1))?;
+        Ok(rec.dispatch(&k, Some(set), push, [nh + nkv, rows as u32, 1])?)
     }
 
     fn attention(
         &mut self,
         layer: usize,
         kv: &VulkanKvCache,
-        start: usize,
+        _start: usize,
         rows: usize,
     ) -> Result<(), ForwardError> {
         let c = &self.model.cfg;
         let (hd, nh, nkv) = (c.head_dim as u32, c.num_attention_heads as u32, c.num_key_value_heads as u32);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let a = self.a;
-        let push = [hd, nh, nkv, a.at(Plane::Q), a.at(Plane::Attn), start as u32, scale.to_bits()];
+        // The position was written by `qk_norm_rope` (every attention layer runs it first).
+        let push = [hd, nh, nkv, a.at(Plane::Q), a.at(Plane::Attn), a.pos, scale.to_bits()];
         let (k, set) = (self.kernels.attention.clone(), kv_layer(kv, layer)?.attn.clone());
         Ok(self.rec()?.dispatch(&k, Some(set), push, [nh, rows as u32, 1])?)
     }
@@ -542,6 +561,7 @@ impl Backend for VulkanBackend {
         if let Some(r) = self.routes.as_mut() {
             r.abandon();
         }
+        self.replays.abandon();
         if let Some(t) = self.timer.as_mut() {
             t.discard();
             if let Err(e) = t.collect() {
@@ -549,6 +569,11 @@ impl Backend for VulkanBackend {
                 self.timer = None;
             }
         }
+    }
+
+    fn begin_pass(&mut self, kv: &VulkanKvCache, rows: usize, on_device: bool, logits: bool) {
+        let replayable = on_device && rows == 1 && self.timer.is_none() && self.model.cfg.hybrid.is_none();
+        self.replays.begin(kv, replayable, logits);
     }
 
     fn routes_on_device(&mut self) -> bool {

@@ -26,6 +26,7 @@ mod experts;
 mod kv;
 mod pipelines;
 pub mod record;
+mod replay;
 mod thread;
 mod timing;
 mod vram;

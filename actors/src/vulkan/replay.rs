@@ -1,0 +1,110 @@
+//! Replaying a decode step's command buffer. A device-routed one-token pass
+//! ([`super::device_route`]) is one submission whose commands depend only on the
+//! session's cache and on whether it ends with the LM head: everything that changes
+//! from token to token is data the host writes before the submission (the token, its
+//! position, the VRAM tier's slot table) or the device writes itself (the routing). So
+//! the first such pass of a session records and keeps its command buffer, and later ones
+//! run the operations for their host-side effects only (the recorder discards the
+//! commands) and submit the kept buffer: no recording, no building, no barrier
+//! computation on the host per token.
+
+use std::sync::{Arc, Weak};
+
+use vulkano::command_buffer::{CommandBufferUsage, PrimaryAutoCommandBuffer};
+
+use super::kv::{KvLayer, VulkanKvCache};
+
+/// Command buffers kept at once (sessions decoding in turn on one pass).
+const KEPT: usize = 8;
+
+/// A kept command buffer and what it was recorded for.
+struct Kept {
+    /// The session's cache (its buffers are bound in the recording).
+    kv: Weak<Vec<Option<KvLayer>>>,
+    /// Whether the pass ended with the LM head.
+    logits: bool,
+    cb: Arc<PrimaryAutoCommandBuffer>,
+}
+
+/// What the current pass does with its recording.
+enum Mode {
+    /// Records and submits as usual.
+    Record,
+    /// Records a buffer to keep for (cache, logits).
+    Capture(Weak<Vec<Option<KvLayer>>>, bool),
+    /// Discards its commands and submits this kept buffer.
+    Replay(Arc<PrimaryAutoCommandBuffer>),
+}
+
+/// The kept command buffers of one backend and the current pass's mode.
+pub struct Replays {
+    kept: Vec<Kept>,
+    mode: Mode,
+}
+
+impl Default for Replays {
+    fn default() -> Self {
+        Replays { kept: Vec::new(), mode: Mode::Record }
+    }
+}
+
+impl Replays {
+    /// Starts a pass on `kv`'s session; `replayable`: a device-routed one-token pass
+    /// with nothing else (no profiling) in its recording, ending with the LM head when
+    /// `logits`.
+    pub fn begin(&mut self, kv: &VulkanKvCache, replayable: bool, logits: bool) {
+        self.mode =
+            if !replayable {
+                Mode::Record
+            } else {
+                match self.kept.iter().find(|k| {
+                    k.logits == logits && k.kv.upgrade().is_some_and(|a| Arc::ptr_eq(&a, &kv.layers))
+                }) {
+                    Some(k) => Mode::Replay(k.cb.clone()),
+                    None => Mode::Capture(Arc::downgrade(&kv.layers), logits),
+                }
+            };
+    }
+
+    /// Whether the current pass's commands are discarded (a kept buffer runs instead).
+    pub fn replaying(&self) -> bool {
+        matches!(self.mode, Mode::Replay(_))
+    }
+
+    /// How the current pass's command buffer is recorded.
+    pub fn usage(&self) -> CommandBufferUsage {
+        match self.mode {
+            Mode::Capture(..) => CommandBufferUsage::MultipleSubmit,
+            _ => CommandBufferUsage::OneTimeSubmit,
+        }
+    }
+
+    /// At the pass's submission: the kept buffer to run instead of the recording, if
+    /// replaying. The pass then goes back to recording (a second submission in one
+    /// pass, which a replayable pass never makes, records as usual).
+    pub fn take_replay(&mut self) -> Option<Arc<PrimaryAutoCommandBuffer>> {
+        match std::mem::replace(&mut self.mode, Mode::Record) {
+            Mode::Replay(cb) => Some(cb),
+            m => {
+                self.mode = m;
+                None
+            }
+        }
+    }
+
+    /// At the pass's submission of its recording `cb`: kept when the pass captures.
+    pub fn keep(&mut self, cb: &Arc<PrimaryAutoCommandBuffer>) {
+        if let Mode::Capture(kv, logits) = std::mem::replace(&mut self.mode, Mode::Record) {
+            self.kept.retain(|k| k.kv.strong_count() > 0);
+            if self.kept.len() == KEPT {
+                self.kept.remove(0);
+            }
+            self.kept.push(Kept { kv, logits, cb: cb.clone() });
+        }
+    }
+
+    /// The pass was abandoned: nothing of it is kept.
+    pub fn abandon(&mut self) {
+        self.mode = Mode::Record;
+    }
+}
