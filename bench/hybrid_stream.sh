@@ -9,6 +9,10 @@
 # of the 397B are 103 GB), 512 prompt tokens, 16 decode tokens, cpu. Writes the vault to
 # /tmp/hybrid-PRESET-LAYERS-QUANT when missing. Prints prefill tok/s (layer-major and
 # serial, and their ratio), decode tok/s and the bytes read per token; $OUT gets the JSON.
+# MODES="layer-major" skips token-serial replay (at thousands of prompt tokens it reads
+# the ring's misses once per token: hours on a slow disk). $EXTRA is added to every
+# generate (e.g. "--vram-bytes 0": on a GPU the VRAM tier would otherwise keep every
+# expert prefill touched, and decode would no longer stream).
 set -euo pipefail
 [ $# -ge 1 ] || { sed -n 2,11p "$0" >&2; exit 2; }
 bin=$(realpath "$1")
@@ -30,20 +34,22 @@ print(sum(len(l['blobs']) * l['layout']['blob_stride'] for l in m['experts']['la
 vocab=$(python3 -c "import json; print(json.load(open('$vault/manifest.json'))['model']['vocab_size'])")
 ids=$(python3 -c "print(','.join(str((i*7919+13)%$vocab) for i in range($prompt)))")
 echo "$preset --layers $layers ($quant), ring $((ring >> 20)) MiB (1/4 of the expert bytes), backend $backend, prompt $prompt, decode $decode"
-for mode in layer-major serial; do
+modes=${MODES:-layer-major serial}
+for mode in $modes; do
   "$bin" generate --vault "$vault" --prompt-ids "$ids" --max-tokens "$decode" --ignore-eos --json \
     --backend "$backend" --prefill "$mode" --chunk-size "$prompt" --max-context $((prompt + decode + 8)) \
-    --ring-bytes "$ring" >"$out/$mode.json" 2>"$out/$mode.err" || { cat "$out/$mode.err" >&2; exit 1; }
+    --ring-bytes "$ring" ${EXTRA:-} >"$out/$mode.json" 2>"$out/$mode.err" || { cat "$out/$mode.err" >&2; exit 1; }
 done
-python3 - "$out" <<'PY'
+python3 - "$out" $modes <<'PY'
 import json, sys
-r = {m: json.load(open(f"{sys.argv[1]}/{m}.json")) for m in ("layer-major", "serial")}
+r = {m: json.load(open(f"{sys.argv[1]}/{m}.json")) for m in sys.argv[2:]}
 for m, o in r.items():
     s = o["stats"]
     per_tok = s["decode_bytes_read"] / max(s["decode_tokens"], 1) / 1e6
     print(f"{m}: prefill {s['prefill_tok_s']:.2f} tok/s ({s['prefill_bytes_read'] / 1e9:.1f} GB read), "
           f"decode {s['decode_tok_s']:.2f} tok/s, {per_tok:.1f} MB read per decoded token")
-lm, se = (r[m]["stats"]["prefill_tok_s"] for m in ("layer-major", "serial"))
-same = r["layer-major"]["token_ids"] == r["serial"]["token_ids"]
-print(f"layer-major / serial prefill: {lm / se:.2f}x; generated ids identical: {same}")
+if len(r) == 2:
+    lm, se = (r[m]["stats"]["prefill_tok_s"] for m in ("layer-major", "serial"))
+    same = r["layer-major"]["token_ids"] == r["serial"]["token_ids"]
+    print(f"layer-major / serial prefill: {lm / se:.2f}x; generated ids identical: {same}")
 PY
