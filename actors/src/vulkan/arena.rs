@@ -5,6 +5,7 @@
 use crate::contract::Plane;
 use crate::model::Model;
 
+use super::attention::AttentionShape;
 use super::VulkanError;
 
 /// Offsets (f32 elements) of the regions of the activation arena, and each plane's row
@@ -18,6 +19,8 @@ pub struct Arena {
     pub yk: u32,
     /// Logits of one row.
     pub logits: u32,
+    /// The attention kernels' chunk partials (see [`AttentionShape::partial_floats`]).
+    pub attn_partials: u32,
     /// Elements in all.
     pub len: u32,
 }
@@ -46,12 +49,13 @@ impl Arena {
         let router = take(m * c.num_experts);
         let yk = take(m * k * c.hidden_size);
         let logits = take(c.vocab_size);
+        let attn_partials = take(AttentionShape::of(c).partial_floats(m, model.max_context));
         if off > u32::MAX as u64 / 2 {
             return Err(VulkanError::Unsupported(format!(
                 "activations for {m} rows need {off} floats; lower the chunk size"
             )));
         }
-        Ok(Arena { planes, router, yk, logits, len: off as u32 })
+        Ok(Arena { planes, router, yk, logits, attn_partials, len: off as u32 })
     }
 
     /// Offset of plane `p`'s row 0.
