@@ -214,10 +214,18 @@ void main() {
     uint rec = pc.part_off / 4u + (t * pc.nh + h) * pc.part_nc * (hd4 + 1u);
     float M = 0.0, L = 0.0;
     vec4 acc = vec4(0.0);
-    for (uint c = 0u; c < nc; c++) {
-        uint at = rec + c * (hd4 + 1u);
-        vec4 ml = act4[at + hd4];
-        merge(c == 0u, ml.x, ml.y, act4[at + d4], M, L, acc);
+    // Eight chunks' partials are loaded before they are merged (in order), so their
+    // loads overlap.
+    for (uint c0 = 0u; c0 < nc; c0 += 8u) {
+        vec4 ml[8], oc[8];
+#define LOAD(i) if (c0 + i < nc) {                                            \
+            uint at = rec + (c0 + i) * (hd4 + 1u);                            \
+            ml[i] = act4[at + hd4];                                           \
+            oc[i] = act4[at + d4];                                            \
+        }
+        FOR8(i, LOAD(i))
+#undef LOAD
+        FOR8(i, if (c0 + i < nc) { merge(c0 + i == 0u, ml[i].x, ml[i].y, oc[i], M, L, acc); })
     }
     act4[(pc.out_off + (t * pc.nh + h) * pc.hd) / 4u + d4] = finish(L, acc);
 #else

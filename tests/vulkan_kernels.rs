@@ -724,9 +724,10 @@ fn batched_attention_is_byte_identical_to_m1() {
     let shape = |heads, kv_heads, head_dim| AttentionShape { heads, kv_heads, head_dim };
     // (shape, start, tokens): GQA groups of 1, 2, 4 and 8 query heads; head dims 4 to 256;
     // blocks from position 0 and deep into the cache; 300 and 267 positions are not whole
-    // chunks; more rows than one tile.
+    // chunks; more rows than one tile; over 8 chunks (the decode merge loads 8 at a time).
     let cases = [
         (shape(2, 2, 4), 0, 9),
+        (shape(4, 2, 32), 1100, 5),
         (shape(8, 2, 24), 0, 150),
         (shape(4, 1, 128), 230, 37),
         (shape(16, 2, 256), 250, 50),
