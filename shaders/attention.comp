@@ -1,115 +1,309 @@
 #version 450
-// Causal GQA attention of one (query head, token) per workgroup: token t (position
-// start + t) attends to positions 0..=start + t of the cache. Softmax in three passes
-// (max, sum of exponentials, weighted values) with per-thread partials combined by a
-// fixed tree, so the result of a row is the same in a decode step and in a prefill chunk.
+// Causal GQA attention in one canonical "split softmax" form, so that a row's bytes do not
+// depend on how many tokens a dispatch covers. Row = (query head h, token t) at position
+// start + t; it attends to the n = start + t + 1 cached positions, cut into chunks of CH
+// positions aligned to absolute positions (chunk c: positions c·CH ..< min(c·CH + CH, n)).
+//
+//   s_j   = (Σ_d q[d]·k_j[d], d = 0, 1, ... in order) · scale
+//   chunk c:  m_c = max_j s_j,  p_j = exp(s_j − m_c),  l_c = Σ_j p_j,  o_c = Σ_j p_j·v_j
+//             (j in order)
+//   merged in chunk order: (M, L, acc) = (m_0, l_0, o_0); for c ≥ 1: M' = max(M, m_c),
+//             a = exp(M − M'), b = exp(m_c − M'), L = L·a + l_c·b, acc = acc·a + o_c·b
+//   out   = acc · (1 / L)
+//
+// Every float operation is `precise` (NoContraction). Three modules:
+// - `attention` (fused, layer-major prefill): workgroup = (row tile, KV head); it runs the
+//   chunks of its rows in order and merges each as it finishes.
+// - `attention_split` (SPLIT, decode): workgroup = (chunk, row tile, KV head); it writes
+//   the chunk's (o_c, m_c, l_c) to a partials region of the arena, and
+// - `attention_combine` (COMBINE): workgroup = (head, token); merges a row's partials in
+//   chunk order.
+// The split and fused kernels compute a chunk with the same functions below, and both
+// paths merge with `merge`, so the two give every row the same bytes.
+//
+// A row tile is `rows` consecutive rows of one KV head g: row r of the tile is token
+// (y·rows + r) / G, query head g·G + (y·rows + r) % G (G = nh / nkv), so the tile shares
+// each staged K/V slice among the group's query heads and among tokens.
 #extension GL_GOOGLE_include_directive : require
+#define ACT_VEC4
 #include "common.glsl"
 
-layout(local_size_x = 128) in;
+#ifdef COMBINE
+layout(local_size_x = 64) in;
+#else
+layout(local_size_x = 256) in;
+#endif
 
 layout(push_constant) uniform Params {
-    uint hd;       // head_dim
-    uint nh;       // query heads
-    uint nkv;      // key/value heads
-    uint q_off;    // act offset of token 0's queries
-    uint out_off;  // act offset of token 0's attention output
-    uint pos_off;  // act offset of the position of token 0 (written for each pass)
-    float scale;   // 1 / sqrt(head_dim)
+    uint hd;        // head_dim (a multiple of 4, <= MAX_HD)
+    uint nh;        // query heads
+    uint nkv;       // key/value heads
+    uint q_off;     // act offset of token 0's queries (rows of nh · hd; a multiple of 4)
+    uint out_off;   // act offset of token 0's output (rows of nh · hd; a multiple of 4)
+    uint pos_off;   // act offset of the position of token 0 (written before the dispatch)
+    float scale;    // 1 / sqrt(head_dim)
+    uint m;         // tokens
+    uint rows;      // rows per tile (<= MAX_ROWS and <= 4 · (256 / (hd / 4)))
+    uint part_off;  // act offset of the partials (SPLIT, COMBINE; a multiple of 4)
+    uint part_nc;   // chunk records per row in the partials
 } pc;
 
-layout(set = 0, binding = 0) readonly buffer Kc { float kc[]; };
-layout(set = 0, binding = 1) readonly buffer Vc { float vc[]; };
+#define CH 64u          // positions per chunk: part of the arithmetic
+#define MAX_HD 256u
+#define MAX_ROWS 32u
+#define DK 32u          // head dims per staged Q/K slice
+#define KS4 9u          // vec4 stride of a staged Q/K slice row (DK + 4 floats)
+#define STAGE4 576u     // vec4s of the K/V stage (CH · KS4)
+#define NEG_INF (-1.0 / 0.0)
 
-#define MAX_HD 512u
-#define TILE 128u
-shared float qs[MAX_HD];
-shared float ps[TILE];
-shared float red[128];
+// Hand-unrolled loops over register arrays (constant indices; see matmul.comp).
+#define FOR1(x, B) { const uint x = 0u; B }
+#define FOR2(x, B) FOR1(x, B) { const uint x = 1u; B }
+#define FOR4(x, B) FOR2(x, B) { const uint x = 2u; B } { const uint x = 3u; B }
+#define FOR8(x, B) FOR4(x, B) { const uint x = 4u; B } { const uint x = 5u; B } \
+    { const uint x = 6u; B } { const uint x = 7u; B }
 
-float score(uint j, uint kbase, uint kvd) {
-    precise float d = 0.0;
-    uint k0 = j * kvd + kbase;
-    for (uint i = 0u; i < pc.hd; i++) {
-        d = d + qs[i] * kc[k0 + i];
+// A row's chunk merged into its running state (M, L, acc); `first` starts the state.
+void merge(bool first, float mc, float lc, vec4 oc, inout float M, inout float L, inout vec4 acc) {
+    if (first) {
+        M = mc;
+        L = lc;
+        acc = oc;
+    } else {
+        float m2 = max(M, mc);
+        precise float a = exp(M - m2);
+        precise float b = exp(mc - m2);
+        precise float l2 = L * a + lc * b;
+        precise vec4 acc2 = acc * a + oc * b;
+        M = m2;
+        L = l2;
+        acc = acc2;
     }
-    precise float sc = d * pc.scale;
-    return sc;
 }
 
-void main() {
+// The finished row: acc / L.
+vec4 finish(float L, vec4 acc) {
+    precise float inv = 1.0 / L;
+    precise vec4 o = acc * inv;
+    return o;
+}
+
+uint START;  // position of token 0 (read from the arena: a kept recording serves any)
+
+#ifndef COMBINE
+layout(set = 0, binding = 0) readonly buffer Kc { vec4 kc[]; };
+layout(set = 0, binding = 1) readonly buffer Vc { vec4 vc[]; };
+
+shared vec4 qs[MAX_ROWS * KS4];  // a Q slice: row r's dims d0 .. d0 + DK at r · KS4
+shared vec4 stage[STAGE4];       // a K slice (position j at j · KS4) or V rows (j · hd/4)
+shared float ps[MAX_ROWS * CH];  // the chunk's scores, then probabilities
+shared float red[MAX_ROWS * 8u];
+shared float cmax[MAX_ROWS];     // m_c per row
+
+uint G;      // query heads per KV head
+uint g;      // the KV head
+uint tile0;  // the tile's first row (of the KV head's rows)
+
+// Positions row r of the tile attends to (0 for rows past the last token).
+uint row_n(uint r) {
+    uint gr = tile0 + r;
+    return (r < pc.rows && gr < pc.m * G) ? START + gr / G + 1u : 0u;
+}
+
+// Act offset (vec4) of row r's query or output.
+uint row_at(uint base, uint r) {
+    uint gr = tile0 + r;
+    return (base + (gr / G) * pc.nh * pc.hd + (g * G + gr % G) * pc.hd) / 4u;
+}
+
+// Scores of chunk c (positions < nmax are staged) for every row into ps (−inf where
+// masked), and their maxima into cmax. Thread (j = tid % CH, rq = tid / CH) owns the
+// scores of position j for rows rq + 4i.
+void chunk_scores(uint c, uint nmax) {
     uint tid = gl_LocalInvocationID.x;
-    uint head = gl_WorkGroupID.x;
-    uint t = gl_WorkGroupID.y;
-    uint hd = pc.hd;
-    uint qd = pc.nh * hd;
-    uint kvd = pc.nkv * hd;
-    uint g = head / (pc.nh / pc.nkv);
-    uint kbase = g * hd;
-    uint n = floatBitsToUint(act[pc.pos_off]) + t + 1u;
-    uint qsrc = pc.q_off + t * qd + head * hd;
-    for (uint i = tid; i < hd; i += 128u) {
-        qs[i] = act[qsrc + i];
-    }
-    barrier();
-
-    float mx = -1.0 / 0.0;
-    for (uint j = tid; j < n; j += 128u) {
-        mx = max(mx, score(j, kbase, kvd));
-    }
-    red[tid] = mx;
-    barrier();
-    for (uint s = 64u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            red[tid] = max(red[tid], red[tid + s]);
+    uint j = tid % CH, rq = tid / CH;
+    uint kvd4 = pc.nkv * pc.hd / 4u;
+    precise float s[8];
+    FOR8(i, s[i] = 0.0;)
+    for (uint d0 = 0u; d0 < pc.hd; d0 += DK) {
+        uint w4 = min(DK, pc.hd - d0) / 4u;
+        barrier();
+        for (uint e = tid; e < pc.rows * w4; e += 256u) {
+            uint r = e / w4, x = e % w4;
+            qs[r * KS4 + x] = row_n(r) > 0u ? act4[row_at(pc.q_off, r) + d0 / 4u + x] : vec4(0.0);
+        }
+        for (uint e = tid; e < CH * w4; e += 256u) {
+            uint jj = e / w4, x = e % w4;
+            uint pos = c * CH + jj;
+            stage[jj * KS4 + x] = pos < nmax ? kc[pos * kvd4 + (g * pc.hd + d0) / 4u + x] : vec4(0.0);
         }
         barrier();
-    }
-    float gmax = red[0];
-    barrier();
-
-    precise float sum = 0.0;
-    for (uint j = tid; j < n; j += 128u) {
-        sum = sum + exp(score(j, kbase, kvd) - gmax);
-    }
-    red[tid] = sum;
-    barrier();
-    for (uint s = 64u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            precise float r = red[tid] + red[tid + s];
-            red[tid] = r;
+        for (uint x = 0u; x < w4; x++) {
+            vec4 k = stage[j * KS4 + x];
+#define DOT(i) if (rq + 4u * i < pc.rows) {                                   \
+                vec4 q = qs[(rq + 4u * i) * KS4 + x];                         \
+                s[i] = s[i] + q.x * k.x;                                      \
+                s[i] = s[i] + q.y * k.y;                                      \
+                s[i] = s[i] + q.z * k.z;                                      \
+                s[i] = s[i] + q.w * k.w;                                      \
+            }
+            FOR8(i, DOT(i))
+#undef DOT
         }
-        barrier();
     }
-    float gsum = red[0];
-
-    precise float o[MAX_HD / 128u];
-    for (uint k = 0u; k < MAX_HD / 128u; k++) {
-        o[k] = 0.0;
+#define STORE(i) if (rq + 4u * i < pc.rows) {                                 \
+        precise float v = s[i] * pc.scale;                                    \
+        ps[(rq + 4u * i) * CH + j] = c * CH + j < row_n(rq + 4u * i) ? v : NEG_INF; \
     }
-    for (uint j0 = 0u; j0 < n; j0 += TILE) {
-        uint j = j0 + tid;
-        if (j < n) {
-            precise float p = exp(score(j, kbase, kvd) - gmax) / gsum;
-            ps[tid] = p;
+    FOR8(i, STORE(i))
+#undef STORE
+    barrier();
+    // Maxima: 8 lanes per row over 8 positions each, then the 8 in order (max is exact).
+    if (tid < pc.rows * 8u) {
+        uint b = (tid / 8u) * CH + (tid % 8u) * 8u;
+        float mx = ps[b];
+        for (uint k = 1u; k < 8u; k++) {
+            mx = max(mx, ps[b + k]);
         }
-        barrier();
-        uint cnt = min(TILE, n - j0);
-        for (uint k = 0u; k < MAX_HD / 128u; k++) {
-            uint d = tid + k * 128u;
-            if (d < hd) {
-                for (uint jj = 0u; jj < cnt; jj++) {
-                    o[k] = o[k] + ps[jj] * vc[(j0 + jj) * kvd + kbase + d];
+        red[tid] = mx;
+    }
+    barrier();
+    if (tid < pc.rows) {
+        float mx = red[tid * 8u];
+        for (uint k = 1u; k < 8u; k++) {
+            mx = max(mx, red[tid * 8u + k]);
+        }
+        cmax[tid] = mx;
+    }
+    barrier();
+    // Probabilities of the live scores.
+#define PROB(i) if (rq + 4u * i < pc.rows) {                                  \
+        uint at = (rq + 4u * i) * CH + j;                                     \
+        if (c * CH + j < row_n(rq + 4u * i)) {                                \
+            precise float p = exp(ps[at] - cmax[rq + 4u * i]);                \
+            ps[at] = p;                                                       \
+        }                                                                     \
+    }
+    FOR8(i, PROB(i))
+#undef PROB
+    barrier();
+}
+
+// The PV thread layout: thread (d4 = tid % hd/4, rg = tid / (hd/4)) owns dims 4·d4 ..
+// 4·d4 + 3 of rows rg + i · (256 / (hd/4)), i < 4.
+uint pv_row(uint i) {
+    uint hd4 = pc.hd / 4u;
+    uint rg = gl_LocalInvocationID.x / hd4;
+    return rg < 256u / hd4 ? rg + i * (256u / hd4) : MAX_ROWS;
+}
+
+// Positions of chunk c that row r attends to.
+uint chunk_count(uint c, uint r) {
+    uint n = r < pc.rows ? row_n(r) : 0u;
+    return n > c * CH ? min(n - c * CH, CH) : 0u;
+}
+#endif
+
+void main() {
+    START = floatBitsToUint(act4[pc.pos_off >> 2u][pc.pos_off & 3u]);
+#ifdef COMBINE
+    uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
+    uint hd4 = pc.hd / 4u, d4 = gl_LocalInvocationID.x;
+    if (d4 >= hd4) {
+        return;
+    }
+    uint n = START + t + 1u;
+    uint nc = (n + CH - 1u) / CH;
+    uint rec = pc.part_off / 4u + (t * pc.nh + h) * pc.part_nc * (hd4 + 1u);
+    float M = 0.0, L = 0.0;
+    vec4 acc = vec4(0.0);
+    // Eight chunks' partials are loaded before they are merged (in order), so their
+    // loads overlap.
+    for (uint c0 = 0u; c0 < nc; c0 += 8u) {
+        vec4 ml[8], oc[8];
+#define LOAD(i) if (c0 + i < nc) {                                            \
+            uint at = rec + (c0 + i) * (hd4 + 1u);                            \
+            ml[i] = act4[at + hd4];                                           \
+            oc[i] = act4[at + d4];                                            \
+        }
+        FOR8(i, LOAD(i))
+#undef LOAD
+        FOR8(i, if (c0 + i < nc) { merge(c0 + i == 0u, ml[i].x, ml[i].y, oc[i], M, L, acc); })
+    }
+    act4[(pc.out_off + (t * pc.nh + h) * pc.hd) / 4u + d4] = finish(L, acc);
+#else
+    G = pc.nh / pc.nkv;
+    g = gl_WorkGroupID.z;
+    tile0 = gl_WorkGroupID.y * pc.rows;
+    uint tid = gl_LocalInvocationID.x;
+    uint hd4 = pc.hd / 4u;
+    uint d4 = tid % hd4;
+    // Positions staged: those of the tile's last token.
+    uint last = min(tile0 + pc.rows, pc.m * G) - 1u;
+    uint nmax = START + last / G + 1u;
+    // V rows per stage.
+    uint jv = min(CH, STAGE4 / hd4);
+    uint kvd4 = pc.nkv * hd4;
+    uint cnt[4];
+    precise vec4 o[4];
+    precise float l[4];
+#ifdef SPLIT
+    uint c0 = gl_WorkGroupID.x;
+    if (c0 * CH >= nmax) {
+        return;
+    }
+    uint c1 = c0 + 1u;
+#else
+    uint c0 = 0u;
+    uint c1 = (nmax + CH - 1u) / CH;
+    float M[4], L[4];
+    vec4 acc[4];
+    FOR4(i, M[i] = 0.0; L[i] = 0.0; acc[i] = vec4(0.0);)
+#endif
+    for (uint c = c0; c < c1; c++) {
+        chunk_scores(c, nmax);
+        FOR4(i, o[i] = vec4(0.0); l[i] = 0.0; cnt[i] = chunk_count(c, pv_row(i));)
+        for (uint j0 = 0u; j0 < CH && c * CH + j0 < nmax; j0 += jv) {
+            barrier();
+            for (uint e = tid; e < jv * hd4; e += 256u) {
+                uint jj = e / hd4, x = e % hd4;
+                uint pos = c * CH + j0 + jj;
+                stage[jj * hd4 + x] = (j0 + jj < CH && pos < nmax) ? vc[pos * kvd4 + g * hd4 + x] : vec4(0.0);
+            }
+            barrier();
+            uint jn = min(jv, CH - j0);
+            for (uint jj = 0u; jj < jn; jj++) {
+                vec4 v = stage[jj * hd4 + d4];
+#define PV(i) if (j0 + jj < cnt[i]) {                                         \
+                    float p = ps[pv_row(i) * CH + j0 + jj];                   \
+                    o[i] = o[i] + p * v;                                      \
+                    l[i] = l[i] + p;                                          \
                 }
+                FOR4(i, PV(i))
+#undef PV
             }
         }
-        barrier();
-    }
-    uint dst = pc.out_off + t * qd + head * hd;
-    for (uint k = 0u; k < MAX_HD / 128u; k++) {
-        uint d = tid + k * 128u;
-        if (d < hd) {
-            act[dst + d] = o[k];
+#ifdef SPLIT
+        // Record (o_c, (m_c, l_c)) of each row with positions in the chunk.
+#define SAVE(i) if (cnt[i] > 0u) {                                            \
+            uint gr = tile0 + pv_row(i);                                      \
+            uint row = (gr / G) * pc.nh + g * G + gr % G;                     \
+            uint at = pc.part_off / 4u + (row * pc.part_nc + c) * (hd4 + 1u); \
+            act4[at + d4] = o[i];                                             \
+            if (d4 == 0u) {                                                   \
+                act4[at + hd4] = vec4(cmax[pv_row(i)], l[i], 0.0, 0.0);       \
+            }                                                                 \
         }
+        FOR4(i, SAVE(i))
+#undef SAVE
+#else
+        FOR4(i, if (cnt[i] > 0u) { merge(c == 0u, cmax[pv_row(i)], l[i], o[i], M[i], L[i], acc[i]); })
+#endif
     }
+#ifndef SPLIT
+    FOR4(i, if (pv_row(i) < pc.rows && row_n(pv_row(i)) > 0u) {
+        act4[row_at(pc.out_off, pv_row(i)) + d4] = finish(L[i], acc[i]);
+    })
+#endif
+#endif
 }

@@ -245,6 +245,33 @@ fn vulkan_hybrid_state_snapshots_resume_bytewise() {
     assert!(kv.state_bytes() > 0);
 }
 
+/// Long prompts (their context spans several attention chunks and ends inside one)
+/// prefilled in layer-major blocks of 7 and 64 tokens give the bytes of token-serial
+/// replay (blocks of 1), on a Qwen3-MoE fixture and a hybrid one (gated attention).
+#[test]
+fn vulkan_long_prompts_prefill_bytewise_at_any_block_size() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["moe_all", "q35_f32"] {
+        let vault = convert(name, dir.path(), &[]);
+        let (_e, mut fwd) = open(&ctx, &vault, 64, 64);
+        for len in [150, 203] {
+            let prompt: Vec<u32> = (0..len).map(|i| (i * 37 + 5) % 400).collect();
+            let (ids, rows) = run_greedy(&mut fwd, &prompt, 3, 1);
+            let want: Vec<u32> = rows.iter().flatten().map(|v| v.to_bits()).collect();
+            for chunk in [7, 64] {
+                let (cids, crows) = run_greedy(&mut fwd, &prompt, 3, chunk);
+                assert_eq!(cids, ids, "{name} prompt {len}: blocks of {chunk}: ids");
+                let got: Vec<u32> = crows.iter().flatten().map(|v| v.to_bits()).collect();
+                assert!(
+                    got == want,
+                    "{name} prompt {len}: blocks of {chunk} are not byte-identical to serial"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn vulkan_staged_and_zero_copy_prefill_agree_bytewise() {
     let Some(ctx) = vulkan::context() else { return };

@@ -13,8 +13,8 @@ use smoe_actors::cpu::kernels;
 use smoe_actors::cpu::quantize::encode_rows;
 use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
-    weight_unit, DeltaArgs, KernelHarness, MatmulArgs, MatmulTuning, Projection, FLAG_ACCUMULATE,
-    FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
+    weight_unit, AttentionArgs, AttentionShape, DeltaArgs, KernelHarness, MatmulArgs, MatmulTuning,
+    Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
 };
 use smoe_proto::DType;
 
@@ -648,5 +648,138 @@ fn batched_delta_rule_matches_its_step() {
         let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
         let (d_out, d_state) = (diff(&batched, &out), diff(&batched_state, &state));
         assert!(d_out <= 1e-5 && d_state <= 1e-5, "{shape:?}: |Vulkan - CPU| out {d_out}, state {d_state}");
+    }
+}
+
+/// One attention case for the kernel tests: random queries of `m` tokens at positions
+/// `start ..`, a random cache through the last of them, NaN beyond (a masked position
+/// read would poison the rows).
+struct AttnCase {
+    shape: AttentionShape,
+    start: usize,
+    m: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl AttnCase {
+    fn new(rng: &mut ChaCha8Rng, shape: AttentionShape, start: usize, m: usize, capacity: usize) -> Self {
+        let (qd, kvd) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
+        // Queries scaled per head so that some softmaxes are flat and some peaked.
+        let mut q = rand_vec(rng, m * qd);
+        for (i, head) in q.chunks_exact_mut(shape.head_dim).enumerate() {
+            let gain = [0.5, 2.0, 6.0][i % 3];
+            head.iter_mut().for_each(|x| *x *= gain);
+        }
+        let live = (start + m) * kvd;
+        let cache = |rng: &mut ChaCha8Rng| {
+            let mut c = rand_vec(rng, live);
+            c.resize(capacity * kvd, f32::NAN);
+            c
+        };
+        let (k, v) = (cache(rng), cache(rng));
+        AttnCase { shape, start, m, q, k, v }
+    }
+
+    /// Straightforward f64 softmax attention of every row.
+    fn reference(&self) -> Vec<f32> {
+        let AttentionShape { heads, kv_heads, head_dim: hd } = self.shape;
+        let (qd, kvd, group) = (heads * hd, kv_heads * hd, heads / kv_heads);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut out = vec![0.0f32; self.m * qd];
+        for t in 0..self.m {
+            let n = self.start + t + 1;
+            for h in 0..heads {
+                let q = &self.q[t * qd + h * hd..][..hd];
+                let base = (h / group) * hd;
+                let s: Vec<f64> = (0..n)
+                    .map(|j| {
+                        let k = &self.k[j * kvd + base..][..hd];
+                        q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale
+                    })
+                    .collect();
+                let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+                let sum: f64 = p.iter().sum();
+                for d in 0..hd {
+                    let o: f64 = (0..n).map(|j| p[j] * self.v[j * kvd + base + d] as f64).sum();
+                    out[t * qd + h * hd + d] = (o / sum) as f32;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Attention's m=1 path (the decode step: one workgroup per chunk, partials merged in
+/// chunk order) and its batched path (a block's rows in one fused dispatch) give every
+/// row the same bytes, whichever path a block of either size takes, across contexts of
+/// many chunks whose rows end inside a chunk; and match a straightforward f64 reference
+/// within 1e-5.
+#[test]
+fn batched_attention_is_byte_identical_to_m1() {
+    let Some(ctx) = vulkan::context() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let shape = |heads, kv_heads, head_dim| AttentionShape { heads, kv_heads, head_dim };
+    // (shape, start, tokens): GQA groups of 1, 2, 4 and 8 query heads; head dims 4 to 256;
+    // blocks from position 0 and deep into the cache; 300 and 267 positions are not whole
+    // chunks; more rows than one tile; over 8 chunks (the decode merge loads 8 at a time).
+    let cases = [
+        (shape(2, 2, 4), 0, 9),
+        (shape(4, 2, 32), 1100, 5),
+        (shape(8, 2, 24), 0, 150),
+        (shape(4, 1, 128), 230, 37),
+        (shape(16, 2, 256), 250, 50),
+        (shape(32, 4, 128), 190, 11),
+    ];
+    for (sh, start, m) in cases {
+        let capacity = start + m + 70;
+        let c = AttnCase::new(&mut rng, sh, start, m, capacity);
+        let qd = sh.heads * sh.head_dim;
+        let out = (m * qd).next_multiple_of(4);
+        let part = out + m * qd;
+        let part_floats = m * sh.heads * AttentionShape::partial_chunks(capacity) * (sh.head_dim + 4);
+        let pos = part + part_floats;
+        let h = KernelHarness::new(ctx.clone(), pos + 4, 16).unwrap();
+        h.write_act(0, &c.q).unwrap();
+        let set = h.kv_cache(&c.k, &c.v).unwrap();
+        let block = AttentionArgs {
+            shape: sh,
+            q_off: 0,
+            out_off: out as u32,
+            start: start as u32,
+            pos_off: pos as u32,
+            tokens: m as u32,
+            part_off: part as u32,
+            part_chunks: AttentionShape::partial_chunks(capacity) as u32,
+        };
+        let run = |args: AttentionArgs, split: bool| {
+            h.write_act(out, &vec![f32::NAN; m * qd]).unwrap();
+            h.attention(&set, args, split, 1).unwrap();
+            h.read_act(out, m * qd).unwrap()
+        };
+        let fused = run(block, false);
+        let want = c.reference();
+        let d = want.iter().zip(&fused).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(d <= 1e-5, "{sh:?} start {start} m {m}: max |Vulkan - f64 reference| {d}");
+        assert_eq!(bits(&run(block, true)), bits(&fused), "{sh:?} start {start} m {m}: split block");
+        // Token by token, as decode steps run them, by either path.
+        for split in [true, false] {
+            h.write_act(out, &vec![f32::NAN; m * qd]).unwrap();
+            for t in 0..m {
+                let row = AttentionArgs {
+                    q_off: (t * qd) as u32,
+                    out_off: (out + t * qd) as u32,
+                    start: (start + t) as u32,
+                    tokens: 1,
+                    ..block
+                };
+                h.attention(&set, row, split, 1).unwrap();
+            }
+            let serial = h.read_act(out, m * qd).unwrap();
+            assert_eq!(bits(&serial), bits(&fused), "{sh:?} start {start} m {m}: m=1 split={split}");
+        }
+        eprintln!("attention {sh:?} start {start} m {m}: max |Vulkan - f64| {d:e}");
     }
 }

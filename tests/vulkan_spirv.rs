@@ -83,21 +83,25 @@ fn op(inst: &[u32]) -> u32 {
     inst[0] & 0xffff
 }
 
-/// Every float add, subtract, multiply and divide of the matmul and delta-rule kernels carries
-/// NoContraction: without it a driver may fuse or reorder them, differently in the m=1
-/// and batched kernels (seen on NVIDIA when spirv-opt's loop unrolling dropped the
-/// decoration from unrolled copies).
+/// Every float add, subtract, multiply and divide of the matmul, delta-rule and attention
+/// kernels carries NoContraction: without it a driver may fuse or reorder them,
+/// differently in the m=1 and batched kernels (seen on NVIDIA when spirv-opt's loop
+/// unrolling dropped the decoration from unrolled copies).
 #[test]
 fn matmul_kernels_keep_no_contraction_on_every_float_op() {
-    // The delta rule's step and its batched sibling are an identity pair too.
+    // The delta rule's step and its batched sibling are an identity pair too, and so are
+    // attention's split and fused paths.
     let delta = modules(&["delta_rule"]);
     assert_eq!(delta.len(), 2);
-    for (name, insts) in matmul_modules().into_iter().chain(delta) {
-        // OpDecorate (71) id NoContraction (42); OpFAdd, OpFSub, OpFMul, OpFDiv.
+    let attention = modules(&["attention"]);
+    assert_eq!(attention.len(), 3);
+    for (name, insts) in matmul_modules().into_iter().chain(delta).chain(attention) {
+        // OpDecorate (71) id NoContraction (42); OpFAdd, OpFSub, OpFMul, OpFDiv,
+        // OpVectorTimesScalar.
         let precise: std::collections::HashSet<u32> =
             insts.iter().filter(|w| op(w) == 71 && w[2] == 42).map(|w| w[1]).collect();
         let float_ops: Vec<u32> =
-            insts.iter().filter(|w| [129, 131, 133, 136].contains(&op(w))).map(|w| w[2]).collect();
+            insts.iter().filter(|w| [129, 131, 133, 136, 142].contains(&op(w))).map(|w| w[2]).collect();
         let loose = float_ops.iter().filter(|id| !precise.contains(id)).count();
         assert_eq!(loose, 0, "{name}: {loose} of {} float ops lack NoContraction", float_ops.len());
     }

@@ -5,6 +5,7 @@
 use crate::contract::Plane;
 use crate::model::Model;
 
+use super::attention::AttentionShape;
 use super::device_route::fast_words;
 use super::VulkanError;
 
@@ -31,6 +32,8 @@ pub struct Arena {
     /// The position of the block's first token, as its bits (the host writes it for each
     /// pass, so a recording does not depend on it).
     pub pos: u32,
+    /// The attention kernels' chunk partials (see [`AttentionShape::partial_floats`]).
+    pub attn_partials: u32,
     /// Elements in all.
     pub len: u32,
 }
@@ -63,6 +66,7 @@ impl Arena {
         let yk = take(m * k * c.hidden_size);
         let logits = take(c.vocab_size);
         let pos = take(1);
+        let attn_partials = take(AttentionShape::of(c).partial_floats(m, model.max_context));
         if off > u32::MAX as u64 / 2 {
             return Err(VulkanError::Unsupported(format!(
                 "activations for {m} rows need {off} floats; lower the chunk size"
@@ -77,6 +81,7 @@ impl Arena {
             yk,
             logits,
             pos,
+            attn_partials,
             len: off as u32,
         })
     }

@@ -14,6 +14,7 @@ use vulkano::sync::GpuFuture;
 
 use super::allocator::ArenaRegistry;
 use super::arena::Arena;
+use super::attention::{AttentionArgs, AttentionShape};
 use super::buffers::{device_buffer, host_buffer, verr};
 use super::context::VulkanContext;
 use super::delta::MAX_KEY_DIM;
@@ -81,9 +82,7 @@ impl VulkanBackend {
         vram: VramSize,
     ) -> Result<VulkanBackend, VulkanError> {
         let c = model.cfg.clone();
-        if c.head_dim > 512 {
-            return Err(VulkanError::Unsupported(format!("head_dim {} > 512", c.head_dim)));
-        }
+        AttentionShape::of(&c).check()?;
         if let Some(dk) = c.hybrid.as_ref().map(|h| h.linear_key_head_dim).filter(|&d| d > MAX_KEY_DIM) {
             return Err(VulkanError::Unsupported(format!("linear_key_head_dim {dk} > {MAX_KEY_DIM}")));
         }
@@ -278,7 +277,7 @@ impl Backend for VulkanBackend {
                 vb.clone(),
             ];
             let rope = super::record::set0(&self.ctx, &self.kernels.qk_rope, &bufs)?;
-            let attn = super::record::set0(&self.ctx, &self.kernels.attention, &[kb, vb])?;
+            let attn = super::record::set0(&self.ctx, &self.kernels.attention.fused, &[kb, vb])?;
             layers.push(Some(KvLayer { rope, attn, _k: k, _v: v }));
         }
         Ok(VulkanKvCache::new(Arc::new(layers), self.new_delta_states()?))
@@ -374,17 +373,24 @@ impl Backend for VulkanBackend {
         &mut self,
         layer: usize,
         kv: &VulkanKvCache,
-        _start: usize,
+        start: usize,
         rows: usize,
     ) -> Result<(), ForwardError> {
-        let c = &self.model.cfg;
-        let (hd, nh, nkv) = (c.head_dim as u32, c.num_attention_heads as u32, c.num_key_value_heads as u32);
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         let a = self.a;
-        // The position was written by `qk_norm_rope` (every attention layer runs it first).
-        let push = [hd, nh, nkv, a.at(Plane::Q), a.at(Plane::Attn), a.pos, scale.to_bits()];
-        let (k, set) = (self.kernels.attention.clone(), kv_layer(kv, layer)?.attn.clone());
-        Ok(self.rec()?.dispatch(&k, Some(set), push, [nh, rows as u32, 1])?)
+        // The position word was written by `qk_norm_rope` (every attention layer runs it
+        // first).
+        let args = AttentionArgs {
+            shape: AttentionShape::of(&self.model.cfg),
+            q_off: a.at(Plane::Q),
+            out_off: a.at(Plane::Attn),
+            start: start as u32,
+            pos_off: a.pos,
+            tokens: rows as u32,
+            part_off: a.attn_partials,
+            part_chunks: AttentionShape::partial_chunks(self.model.max_context) as u32,
+        };
+        let (kernels, set) = (self.kernels.clone(), kv_layer(kv, layer)?.attn.clone());
+        Ok(args.record(self.rec()?, &kernels.attention, set, args.split_by_default())?)
     }
 
     fn conv1d(

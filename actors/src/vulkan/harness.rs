@@ -10,6 +10,7 @@ use vulkano::command_buffer::CommandBufferUsage;
 use vulkano::descriptor_set::WriteDescriptorSet;
 use vulkano::sync::GpuFuture;
 
+pub use super::attention::{AttentionArgs, AttentionKernels, AttentionShape};
 use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
 pub use super::delta::{DeltaArgs, DeltaKernels};
@@ -281,6 +282,38 @@ impl KernelHarness {
         upload(&self.ctx, &st.clone().reinterpret::<[u8]>(), bytemuck::cast_slice(state))?;
         let (a, d) = (upload_f32(&self.ctx, a_log)?, upload_f32(&self.ctx, dt_bias)?);
         Ok((super::delta::delta_set(&self.ctx, &self.kernels.delta, &a, &d, &st)?, st))
+    }
+
+    /// A key/value cache holding `k` and `v` (`[position][kv_head][head_dim]` each) in
+    /// device-local memory, bound as the backend binds a layer's cache for attention.
+    pub fn kv_cache(&self, k: &[f32], v: &[f32]) -> Result<Arc<DescriptorSet>, VulkanError> {
+        let bufs = [k, v].map(|data| -> Result<Subbuffer<[u8]>, VulkanError> {
+            let b =
+                device_buffer::<u8>(&self.ctx, (data.len() as u64 * 4).max(16), BufferUsage::STORAGE_BUFFER)?;
+            upload(&self.ctx, &b, bytemuck::cast_slice(data))?;
+            Ok(b)
+        });
+        let [k, v] = bufs;
+        set0(&self.ctx, &self.kernels.attention.fused, &[k?, v?])
+    }
+
+    /// The attention kernels (for recording attention with [`AttentionArgs::record`]).
+    pub fn attention_kernels(&self) -> &AttentionKernels {
+        &self.kernels.attention
+    }
+
+    /// Attention of `a.tokens` rows with the cache `set` ([`KernelHarness::kv_cache`])
+    /// by the split path (`split`) or the fused one, `reps` times (the position word at
+    /// `a.pos_off` is written first).
+    pub fn attention(
+        &self,
+        set: &Arc<DescriptorSet>,
+        a: AttentionArgs,
+        split: bool,
+        reps: usize,
+    ) -> Result<Duration, VulkanError> {
+        self.write_act(a.pos_off as usize, &[f32::from_bits(a.start)])?;
+        self.run(|r| a.record(r, &self.kernels.attention, set.clone(), split), reps)
     }
 
     /// Reads a device buffer of floats back.

@@ -14,7 +14,7 @@ use super::delta::{DeltaStates, StateBook};
 pub struct KvLayer {
     /// Set of the QK-norm/RoPE/append kernel (norm weights, RoPE tables, K, V).
     pub rope: Arc<DescriptorSet>,
-    /// Set of the attention kernel (K, V).
+    /// Set of the attention kernels (K, V; the split and fused paths share its layout).
     pub attn: Arc<DescriptorSet>,
     pub(super) _k: Subbuffer<[f32]>,
     pub(super) _v: Subbuffer<[f32]>,

@@ -17,6 +17,7 @@
 
 mod allocator;
 mod arena;
+pub mod attention;
 mod backend;
 mod buffers;
 mod context;

@@ -111,8 +111,8 @@ pub struct Kernels {
     pub rmsnorm: Kernel,
     /// Per-head QK RMSNorm, RoPE and the K/V append.
     pub qk_rope: Kernel,
-    /// Causal GQA attention.
-    pub attention: Kernel,
+    /// Causal GQA attention (split and fused paths).
+    pub attention: super::attention::AttentionKernels,
     /// Weighted MoE combine with the residual add.
     pub accumulate: Kernel,
     /// The router's softmax and top-k ranking of each token.
@@ -233,7 +233,7 @@ impl Kernels {
             typed: Default::default(),
             rmsnorm: k("rmsnorm")?,
             qk_rope: k("qk_rope")?,
-            attention: k("attention")?,
+            attention: super::attention::AttentionKernels::new(device, &act_layout)?,
             accumulate: k("accumulate")?,
             route: k("route")?,
             route_table: k("route_table")?,

@@ -16,6 +16,11 @@
 //! 512 rows) at Qwen3.5-397B-A17B's and Qwen3-Next-80B-A3B's DeltaNet shapes, in GB/s of
 //! the recurrent state read and written once per row.
 //!
+//! `vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...]`: the attention kernels at
+//! Qwen3-30B-A3B's shape (32 query heads, 4 KV heads, head_dim 128): the decode step at
+//! each CONTEXT (default 512 and 4096) and a prefill block of PREFILL_TOKENS (default 512)
+//! from position 0, in µs per layer and GB/s of K+V read (GFLOP/s for prefill).
+//!
 //! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...]`: what the driver reports
 //! about each compiled matmul-family kernel (registers, spill/local memory, shared
 //! memory, ... as the driver names them) through VK_KHR_pipeline_executable_properties, for the default
@@ -32,6 +37,7 @@
 //! `resident`, `streamed` or `both` (the default); an optional 8th argument picks the
 //! expert path (`zero-copy`, `staged-prefill`, `staged`).
 
+mod attention;
 mod delta;
 mod e2e;
 mod kernels;
@@ -80,6 +86,21 @@ fn main() {
             let types = if named.is_empty() { TYPES } else { &named[..] };
             kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings, types)
         }
+        Some("attention") => {
+            let num = |i: usize, what: &str| {
+                args[i].parse().unwrap_or_else(|_| fail(2, format!("{what} `{}` is not a number", args[i])))
+            };
+            let device = if args.len() > 1 { num(1, "DEVICE") } else { 0 };
+            let prefill = if args.len() > 2 { num(2, "PREFILL_TOKENS") } else { 512 };
+            let mut contexts: Vec<usize> = (3..args.len()).map(|i| num(i, "CONTEXT")).collect();
+            if contexts.contains(&0) {
+                fail(2, "a CONTEXT must be at least 1".into());
+            }
+            if contexts.is_empty() {
+                contexts = vec![512, 4096];
+            }
+            attention::attention(device, prefill, &contexts)
+        }
         Some("delta") => delta::delta(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
         Some("stats") => {
             let device = args.get(1).map_or(Ok(0), |s| s.parse());
@@ -90,7 +111,7 @@ fn main() {
         Some("diag") if args.len() >= 2 => e2e::diag(&args[1..]),
         _ => {
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
             );
             std::process::exit(2);
         }
