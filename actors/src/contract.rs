@@ -304,9 +304,10 @@ pub trait Backend {
     /// every blob handed to [`Backend::experts`] may be released.
     fn abandon(&mut self);
     /// Called before every pass over `rows` tokens on `kv`'s session: its MoE steps are
-    /// device-routed when `on_device`, and it ends with the LM head when `logits`. A
-    /// backend may replay its recording of an identical earlier pass.
-    fn begin_pass(&mut self, _kv: &Self::Kv, _rows: usize, _on_device: bool, _logits: bool) {}
+    /// device-routed when `device_bets` is given (each ranking that many bets beyond
+    /// top-k), and it ends with the LM head when `logits`. A backend may replay its
+    /// recording of an identical earlier pass.
+    fn begin_pass(&mut self, _kv: &Self::Kv, _rows: usize, _device_bets: Option<usize>, _logits: bool) {}
     /// Whether a one-token pass may run its MoE steps with [`Backend::route_on_device`]
     /// (the default: no).
     fn routes_on_device(&mut self) -> bool {

@@ -81,6 +81,11 @@ impl MoeStep {
         &self.union_sizes
     }
 
+    /// Gate ranks beyond top-k that a single-token step queues as bets.
+    pub fn spec_depth(&self) -> usize {
+        self.spec_depth
+    }
+
     /// Gate ranks beyond top-k that a single-token step queues as bets (0 disables).
     pub fn set_spec_depth(&mut self, depth: usize) {
         self.spec_depth = depth;

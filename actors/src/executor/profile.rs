@@ -142,8 +142,8 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<GateInput, ForwardError> {
         self.op(None, Phase::RouterGate, |b| b.route_input(gate, rows, job))
     }
-    fn begin_pass(&mut self, kv: &Self::Kv, rows: usize, on_device: bool, logits: bool) {
-        self.b.begin_pass(kv, rows, on_device, logits)
+    fn begin_pass(&mut self, kv: &Self::Kv, rows: usize, device_bets: Option<usize>, logits: bool) {
+        self.b.begin_pass(kv, rows, device_bets, logits)
     }
     fn routes_on_device(&mut self) -> bool {
         self.b.routes_on_device()

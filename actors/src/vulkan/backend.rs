@@ -577,9 +577,9 @@ impl Backend for VulkanBackend {
         }
     }
 
-    fn begin_pass(&mut self, kv: &VulkanKvCache, rows: usize, on_device: bool, logits: bool) {
-        let replayable = on_device && rows == 1 && self.timer.is_none() && self.model.cfg.hybrid.is_none();
-        self.replays.begin(kv, replayable, logits);
+    fn begin_pass(&mut self, kv: &VulkanKvCache, rows: usize, device_bets: Option<usize>, logits: bool) {
+        let replayable = rows == 1 && self.timer.is_none() && self.model.cfg.hybrid.is_none();
+        self.replays.begin(kv, device_bets.filter(|_| replayable).map(|bets| (bets, logits)));
     }
 
     fn routes_on_device(&mut self) -> bool {

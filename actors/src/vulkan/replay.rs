@@ -1,6 +1,7 @@
 //! Replaying a decode step's command buffer. A device-routed one-token pass
 //! ([`super::device_route`]) is one submission whose commands depend only on the
-//! session's cache and on whether it ends with the LM head: everything that changes
+//! session's cache, the bets its steps rank and whether it ends with the LM head
+//! (together its [`Shape`]): everything that changes
 //! from token to token is data the host writes before the submission (the token, its
 //! position, the VRAM tier's slot table) or the device writes itself (the routing). So
 //! the first such pass of a session records and keeps its command buffer, and later ones
@@ -17,12 +18,15 @@ use super::kv::{KvLayer, VulkanKvCache};
 /// Command buffers kept at once (sessions decoding in turn on one pass).
 const KEPT: usize = 8;
 
+/// What a replayable pass's commands depend on besides its cache: the bets each
+/// device-routed step ranks beyond top-k, and whether it ends with the LM head.
+pub type Shape = (usize, bool);
+
 /// A kept command buffer and what it was recorded for.
 struct Kept {
     /// The session's cache (its buffers are bound in the recording).
     kv: Weak<Vec<Option<KvLayer>>>,
-    /// Whether the pass ended with the LM head.
-    logits: bool,
+    shape: Shape,
     cb: Arc<PrimaryAutoCommandBuffer>,
 }
 
@@ -30,8 +34,8 @@ struct Kept {
 enum Mode {
     /// Records and submits as usual.
     Record,
-    /// Records a buffer to keep for (cache, logits).
-    Capture(Weak<Vec<Option<KvLayer>>>, bool),
+    /// Records a buffer to keep for (cache, shape).
+    Capture(Weak<Vec<Option<KvLayer>>>, Shape),
     /// Discards its commands and submits this kept buffer.
     Replay(Arc<PrimaryAutoCommandBuffer>),
 }
@@ -49,21 +53,21 @@ impl Default for Replays {
 }
 
 impl Replays {
-    /// Starts a pass on `kv`'s session; `replayable`: a device-routed one-token pass
-    /// with nothing else (no profiling) in its recording, ending with the LM head when
-    /// `logits`.
-    pub fn begin(&mut self, kv: &VulkanKvCache, replayable: bool, logits: bool) {
-        self.mode =
-            if !replayable {
-                Mode::Record
-            } else {
-                match self.kept.iter().find(|k| {
-                    k.logits == logits && k.kv.upgrade().is_some_and(|a| Arc::ptr_eq(&a, &kv.layers))
-                }) {
+    /// Starts a pass on `kv`'s session: a replayable one (a device-routed one-token
+    /// pass with nothing else, such as profiling, in its recording) of `shape`, or not.
+    pub fn begin(&mut self, kv: &VulkanKvCache, shape: Option<Shape>) {
+        self.mode = match shape {
+            None => Mode::Record,
+            Some(shape) => {
+                let same = |k: &&Kept| {
+                    k.shape == shape && k.kv.upgrade().is_some_and(|a| Arc::ptr_eq(&a, &kv.layers))
+                };
+                match self.kept.iter().find(same) {
                     Some(k) => Mode::Replay(k.cb.clone()),
-                    None => Mode::Capture(Arc::downgrade(&kv.layers), logits),
+                    None => Mode::Capture(Arc::downgrade(&kv.layers), shape),
                 }
-            };
+            }
+        };
     }
 
     /// Whether the current pass's commands are discarded (a kept buffer runs instead).
@@ -94,12 +98,12 @@ impl Replays {
 
     /// At the pass's submission of its recording `cb`: kept when the pass captures.
     pub fn keep(&mut self, cb: &Arc<PrimaryAutoCommandBuffer>) {
-        if let Mode::Capture(kv, logits) = std::mem::replace(&mut self.mode, Mode::Record) {
+        if let Mode::Capture(kv, shape) = std::mem::replace(&mut self.mode, Mode::Record) {
             self.kept.retain(|k| k.kv.strong_count() > 0);
             if self.kept.len() == KEPT {
                 self.kept.remove(0);
             }
-            self.kept.push(Kept { kv, logits, cb: cb.clone() });
+            self.kept.push(Kept { kv, shape, cb: cb.clone() });
         }
     }
 
