@@ -104,6 +104,9 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
             "{quant:?}: replayed"
         );
         check_counters(&out, all);
+        // Device-routed steps that also rank bets (queued as prefetches): the same bytes.
+        let (_, logits) = run(dir.path(), &vault, 1 << 30, &["--spec-depth", "3"]);
+        assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{quant:?}: bets");
         // Two slots: one of each of the two sizes of Q4_K_M, two of bf16's one.
         let two = if st.len() == 1 { 2 * st[0] } else { st.iter().sum() };
         assert!(st.len() <= 2, "{st:?}");
