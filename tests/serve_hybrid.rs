@@ -2,13 +2,16 @@
 //! state cannot be cut back): a second turn extending the first resumes from its live
 //! state, a prompt that diverges inside a stored stream resumes from the longest state
 //! snapshot at or below the divergence, `cached_tokens` says what was reused, and every
-//! such turn generates exactly what a fresh run of the whole prompt does.
+//! such turn generates exactly what a fresh run of the whole prompt does; on the CPU and
+//! on the Vulkan backend (lavapipe in CI), whose states and snapshots live on the device.
 
 mod common;
 #[path = "serve/daemon.rs"]
 mod daemon;
 #[path = "serve/http.rs"]
 mod http;
+#[cfg(feature = "vulkan")]
+mod vulkan;
 
 use common::*;
 use daemon::Daemon;
@@ -31,16 +34,33 @@ fn complete(d: &Daemon, prompt: &[u32], max_tokens: usize) -> (String, u64, u64)
 
 #[test]
 fn a_hybrid_session_resumes_from_its_state_and_matches_a_fresh_run() {
+    resumes_and_matches_a_fresh_run("cpu");
+}
+
+#[cfg(feature = "vulkan")]
+#[test]
+fn a_hybrid_session_on_vulkan_resumes_from_its_state_and_matches_a_fresh_run() {
+    if vulkan::context().is_some() {
+        resumes_and_matches_a_fresh_run("vulkan");
+    }
+}
+
+/// The turns of the test on `backend`.
+fn resumes_and_matches_a_fresh_run(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
     let vault = convert("q35_f32", dir.path(), &[]);
     // Turn 1's generated ids, from the command line (greedy decoding is deterministic).
     let (p1, _) = golden_cases("q35_f32").remove(1);
-    let g1 = id_list(&generate_json(&vault, &p1, 8, &dir.path().join("l.safetensors"), &[])["token_ids"]);
+    let lpath = dir.path().join("l.safetensors");
+    let g1 = id_list(&generate_json(&vault, &p1, 8, &lpath, &["--backend", backend])["token_ids"]);
     // One stored session, chunks of 8 tokens: snapshots every 16 positions or more.
+    let v = vault.to_str().unwrap();
     let args =
-        ["--vault", vault.to_str().unwrap(), "--max-sessions", "1", "--chunk-size", "8", "--model-name", "m"];
+        ["--vault", v, "--backend", backend, "--max-sessions", "1", "--chunk-size", "8", "--model-name", "m"];
     let d = Daemon::start(&args, &[]);
-    assert!(d.log().contains("DeltaNet states") && d.log().contains("state snapshots"), "{}", d.log());
+    let log = d.log();
+    assert!(log.contains(&format!("backend {backend}")), "{log}");
+    assert!(log.contains("DeltaNet states") && log.contains("state snapshots"), "{log}");
     let unrelated = [7u32; 3];
 
     // Turn 2 extends turn 1 (its prompt, its reply, new text): everything turn 1 ran is
