@@ -87,3 +87,30 @@ fn resumes_and_matches_a_fresh_run(backend: &str) {
         assert_eq!(&fresh, reply, "a resumed session generates what a fresh run does");
     }
 }
+
+/// `--state-snapshots 0`: a stored session keeps only its live state, so a prompt that
+/// diverges inside its stream reuses nothing (and the log says what a session costs).
+#[test]
+fn without_state_snapshots_a_diverging_prompt_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("q35_f32", dir.path(), &[]);
+    let (p1, _) = golden_cases("q35_f32").remove(1);
+    let v = vault.to_str().unwrap();
+    let args = [
+        "--vault",
+        v,
+        "--max-sessions",
+        "1",
+        "--chunk-size",
+        "8",
+        "--model-name",
+        "m",
+        "--state-snapshots",
+        "0",
+    ];
+    let d = Daemon::start(&args, &[]);
+    assert!(d.log().contains("up to 0 state snapshots 0.0 MiB"), "{}", d.log());
+    assert_eq!(complete(&d, &p1, 4).1, 0);
+    let diverged: Vec<u32> = p1[..p1.len() - 3].iter().chain(&[21, 22, 23, 24]).copied().collect();
+    assert_eq!(complete(&d, &diverged, 4).1, 0);
+}
