@@ -71,8 +71,8 @@ void merge(bool first, float mc, float lc, vec4 oc, inout float M, inout float L
         acc = oc;
     } else {
         float m2 = max(M, mc);
-        precise float a = exp(M - m2);
-        precise float b = exp(mc - m2);
+        precise float a = expf_(M - m2);
+        precise float b = expf_(mc - m2);
         precise float l2 = L * a + lc * b;
         precise vec4 acc2 = acc * a + oc * b;
         M = m2;
@@ -180,7 +180,7 @@ void chunk_scores(uint c, uint nmax) {
 #define PROB(i) if (rq + 4u * i < pc.rows) {                                  \
         uint at = (rq + 4u * i) * CH + j;                                     \
         if (c * CH + j < row_n(rq + 4u * i)) {                                \
-            precise float p = exp(ps[at] - cmax[rq + 4u * i]);                \
+            precise float p = expf_(ps[at] - cmax[rq + 4u * i]);                \
             ps[at] = p;                                                       \
         }                                                                     \
     }

@@ -58,3 +58,105 @@ float f16_to_f32(uint h) {
     }
     return uintBitsToFloat(sign | mag);
 }
+
+// The transcendental functions of the activations. GLSL lets a driver's exp be off by
+// 3 + 2·|x| ulp and its log by 3 ulp, and they are: lavapipe's exp (exp2 of x·log₂e)
+// is up to 9 ulp off at x = −20, which the DeltaNet states and the per-head RMSNorm
+// amplified into 1.9e-4 of logit disagreement with the CPU backend. These use only
+// `precise` adds, multiplies and divides (correctly rounded on lavapipe) and exact bit
+// operations, so they give the same bytes on every driver that rounds those, and match
+// the CPU backend's libm (`expf` is correctly rounded, `log1pf` fdlibm's) in nearly all
+// arguments.
+
+// e^x within about 0.6 ulp for every x. Cody–Waite reduction x = k·ln2 + r, |r| ≤ ln2/2
+// (k·LN2_HI is exact, so r = rh + rl is known to far below an ulp); e^r = 1 + r + r²·q(r)
+// with q the Taylor series to r⁶ (truncation below 1e-9); 1 + rh is kept as a two-float
+// pair, so only the last addition rounds at the result's scale; then 2^k by exponent bits.
+float expf_(float x) {
+    if (x > 88.8) {
+        return uintBitsToFloat(0x7F800000u);
+    }
+    if (!(x > -104.0)) {
+        return x != x ? x : 0.0;
+    }
+    precise float kf = floor(x * 1.44269502 + 0.5);
+    precise float rh = x - kf * 0.693145751953125;
+    precise float rl = kf * -1.42860677e-6;
+    precise float r = rh + rl;
+    precise float q = 2.48015876e-5;
+    q = q * r + 1.98412701e-4;
+    q = q * r + 1.38888892e-3;
+    q = q * r + 8.33333377e-3;
+    q = q * r + 4.16666679e-2;
+    q = q * r + 1.66666672e-1;
+    q = q * r + 0.5;
+    precise float hi = 1.0 + rh;
+    precise float lo = ((1.0 - hi) + rh) + (rl + (r * r) * q);
+    precise float e = hi + lo;
+    // 2^k (k in −150..128) in exact steps.
+    int k = int(kf);
+    if (k > 127) {
+        precise float y = (e * 2.0) * uintBitsToFloat(uint(k + 126) << 23);
+        return y;
+    }
+    if (k < -126) {
+        precise float y = (e * uintBitsToFloat(uint(k + 191) << 23)) * 5.42101086e-20;
+        return y;
+    }
+    precise float y = e * uintBitsToFloat(uint(k + 127) << 23);
+    return y;
+}
+
+// ln(1 + x) for x > −1 within 1 ulp: fdlibm's log1pf (as glibc's) in f32 operations.
+// 1 + x = 2^k·u with √½ ≤ u < √2 and c the rounding error of 1 + x relative to it (for
+// −0.2929 ≤ x < 0.4142, k = 0 and f = x exactly); ln u = f − f²/2 + s·(f²/2 + R(s²)),
+// s = f / (2 + f).
+float log1pf_(float x) {
+    precise float f = x;
+    precise float c = 0.0;
+    int k = 0;
+    if (!(x >= -uintBitsToFloat(0x3E95F619u) && x < uintBitsToFloat(0x3ED413D0u))) {
+        precise float u = 1.0 + x;
+        uint hu = floatBitsToUint(u);
+        k = int(hu >> 23) - 127;
+        precise float d = k > 0 ? 1.0 - (u - x) : x - (u - 1.0);
+        c = d / u;
+        hu &= 0x007FFFFFu;
+        if (hu < 0x3504F4u) {
+            u = uintBitsToFloat(hu | 0x3F800000u);
+        } else {
+            k += 1;
+            u = uintBitsToFloat(hu | 0x3F000000u);
+        }
+        f = u - 1.0;
+    }
+    precise float hfsq = 0.5 * f * f;
+    precise float s = f / (2.0 + f);
+    precise float z = s * s;
+    precise float r = 1.4798198640e-01;
+    r = r * z + 1.5313838422e-01;
+    r = r * z + 1.8183572590e-01;
+    r = r * z + 2.2222198546e-01;
+    r = r * z + 2.8571429849e-01;
+    r = r * z + 4.0000000596e-01;
+    r = r * z + 6.6666668653e-01;
+    r = r * z;
+    if (k == 0) {
+        precise float y = f - (hfsq - s * (hfsq + r));
+        return y;
+    }
+    precise float kf = float(k);
+    precise float y = kf * 6.9313812256e-01 - ((hfsq - (s * (hfsq + r) + (kf * 9.0580006145e-06 + c))) - f);
+    return y;
+}
+
+// σ(x) = 1 / (1 + e^−x) and SiLU x·σ(x) = x / (1 + e^−x), as actors/src/cpu writes them.
+float sigmoid(float x) {
+    precise float y = 1.0 / (1.0 + expf_(-x));
+    return y;
+}
+
+float silu(float x) {
+    precise float y = x / (1.0 + expf_(-x));
+    return y;
+}

@@ -43,7 +43,6 @@ void main() {
         if (hist > 0u) {
             st[pc.s_off + (hist - 1u) * pc.c + ch] = x;
         }
-        precise float y = acc / (1.0 + exp(-acc));
-        act[xi] = y;
+        act[xi] = silu(acc);
     }
 }

@@ -48,16 +48,6 @@ shared float qs[MAX_DK];
 shared float ks[MAX_DK];
 shared float red[WG_SIZE];
 
-// ln(1 + x), accurate for small x (Goldberg's correction of log(1 + x)).
-float log1p_(float x) {
-    precise float u = 1.0 + x;
-    if (u == 1.0) {
-        return x;
-    }
-    precise float r = log(u) * (x / (u - 1.0));
-    return r;
-}
-
 // The KL partials of column c in red, added in the fixed tree.
 float column_sum(uint c) {
     precise float s = (red[c] + red[c + COLS]) + (red[c + 2u * COLS] + red[c + 3u * COLS]);
@@ -76,7 +66,7 @@ void main() {
     uint kd = pc.nk * pc.dk;
     uint vd = pc.nv * pc.dv;
     uint sbase = pc.s_off + h * pc.dk * pc.dv + col;
-    float ea = exp(a_log[h]);
+    float ea = expf_(a_log[h]);
     float dtb = dt_bias[h];
     for (uint t = 0u; t < ROWS; t++) {
         uint row = pc.lin_off + t * pc.lin_stride;
@@ -116,11 +106,11 @@ void main() {
         barrier();
         float bv = act[row + 2u * kd + 2u * vd + h];
         float av = act[row + 2u * kd + 2u * vd + pc.nv + h];
-        precise float beta = 1.0 / (1.0 + exp(-bv));
+        precise float beta = sigmoid(bv);
         precise float x = av + dtb;
-        precise float sp = x > 20.0 ? x : log1p_(exp(x));
+        precise float sp = x > 20.0 ? x : log1pf_(expf_(x));
         precise float g = -ea * sp;
-        precise float decay = exp(g);
+        precise float decay = expf_(g);
         // Decay, and read Sᵀk.
         precise float m = 0.0;
         if (live) {

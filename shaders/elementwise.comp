@@ -23,8 +23,7 @@ void main() {
         return;
     }
     float g = act[pc.gate_off + i];
-    precise float s = 1.0 / (1.0 + exp(-g));
-    precise float y = act[pc.dst_off + i] * s;
+    precise float y = act[pc.dst_off + i] * sigmoid(g);
     act[pc.dst_off + i] = y;
 }
 #else
@@ -43,7 +42,7 @@ void main() {
         return;
     }
     float g = act[pc.gate_off + t * pc.gate_stride];
-    precise float s = 1.0 / (1.0 + exp(-g));
+    precise float s = sigmoid(g);
     uint xi = pc.x_off + t * pc.h + d;
     precise float x = act[xi] + s * act[pc.src_off + t * pc.h + d];
     act[xi] = x;

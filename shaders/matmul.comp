@@ -165,12 +165,6 @@ uint out_row(uint p) {
     return (pc.flags & FLAG_SCATTER) != 0u ? route_u[pc.map_off + p] : p;
 }
 
-float silu(float g) {
-    precise float d = 1.0 + exp(-g);
-    precise float r = g / d;
-    return r;
-}
-
 #ifdef EMBED
 // Embedding lookup: out[t][j] = W[route_u[map_off + t] - x_off][j] for the m tokens whose
 // ids fall in the bound rows x_off .. x_off + rows - 1 (a large table is bound in several

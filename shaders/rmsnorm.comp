@@ -58,8 +58,7 @@ void main() {
         precise float o = nw[i] * (act[xi + i] * r);
 #ifdef GATED
         float z = act[zi + i];
-        precise float sz = z / (1.0 + exp(-z));
-        o = o * sz;
+        o = o * silu(z);
 #endif
         act[oi + i] = o;
     }

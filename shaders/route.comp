@@ -71,7 +71,7 @@ void main() {
 
     precise float sum = 0.0;
     for (uint e = tid; e < pc.ne; e += WG_SIZE) {
-        precise float v = exp(act[src + e] - gmax);
+        precise float v = expf_(act[src + e] - gmax);
         p[e] = v;
         sum = sum + v;
     }

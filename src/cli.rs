@@ -25,7 +25,7 @@ pub enum Command {
     /// Generate text from a vault.
     Generate(GenerateArgs),
     /// Run the OpenAI-compatible HTTP daemon (see README: Serve).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check that layer-major prefill is byte-identical to token-serial replay.
     Verify(VerifyArgs),
     /// Read a whole vault and verify every checksum (resident tensors and expert blobs).
@@ -395,6 +395,9 @@ pub struct ServeArgs {
     /// Token streams kept with their KV caches for prefix reuse.
     #[arg(long)]
     pub max_sessions: Option<usize>,
+    /// DeltaNet state snapshots each kept session holds (hybrid models), 0-64.
+    #[arg(long)]
+    pub state_snapshots: Option<usize>,
     /// Requests that may wait behind the running one (more get 429).
     #[arg(long)]
     pub max_queue: Option<usize>,

@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use smoe_actors::engine::EngineOptions;
 use smoe_actors::sampler::SamplingParams;
+use smoe_actors::state_book::DEFAULT_STATE_SNAPSHOTS;
 
 use crate::cli::ServeArgs;
 use crate::settings::{self, ByteSize, EngineSettings, Limit};
@@ -61,6 +62,9 @@ pub struct Config {
     pub spec_depth: usize,
     /// Stored token streams with their KV caches, for prefix reuse.
     pub max_sessions: usize,
+    /// DeltaNet state snapshots each stored session keeps (hybrid models), so that a
+    /// prompt diverging inside it resumes from the longest one within the common prefix.
+    pub state_snapshots: usize,
     /// Requests that may wait behind the running one; more get 429.
     pub max_queue: usize,
     /// Seconds to let in-flight requests finish after SIGTERM/Ctrl-C before cancelling.
@@ -143,6 +147,7 @@ impl Default for Config {
             chunk_size: 512,
             spec_depth: 0,
             max_sessions: 4,
+            state_snapshots: DEFAULT_STATE_SNAPSHOTS,
             max_queue: 16,
             shutdown_grace: 10.0,
             max_body_bytes: ByteSize(8 << 20),
@@ -240,6 +245,7 @@ impl Config {
         set(&mut self.chunk_size, &a.chunk_size);
         set(&mut self.spec_depth, &a.spec_depth);
         set(&mut self.max_sessions, &a.max_sessions);
+        set(&mut self.state_snapshots, &a.state_snapshots);
         set(&mut self.max_queue, &a.max_queue);
         set(&mut self.shutdown_grace, &a.shutdown_grace);
         set(&mut self.max_body_bytes, &a.max_body_bytes);
@@ -325,6 +331,7 @@ impl Config {
             spec_depth: self.spec_depth,
             backend: self.backend_kind()?,
             device: self.device,
+            state_snapshots: self.state_snapshots,
         })
     }
 
@@ -383,6 +390,8 @@ mod tests {
         assert!(err("io = \"floppy\"").contains("`io`"));
         assert!(err("ring_slots = 4\nring_bytes = 4096").contains("`ring_slots`"));
         assert!(err("max_sessions = -1").contains("`max_sessions`"));
+        assert!(err("state_snapshots = 100").contains("`state_snapshots` (--state-snapshots)"));
+        Config::parse("state_snapshots = 0", "x").unwrap().validate().unwrap();
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 use anyhow::{anyhow, Context, Result};
 use smoe_actors::ring::budget::RingNeeds;
 use smoe_actors::sampler::SamplingParams;
+use smoe_actors::state_book::DEFAULT_STATE_SNAPSHOTS;
 use tokenizers::Tokenizer;
 
 use crate::config::Config;
@@ -30,7 +31,7 @@ pub fn manifest(bytes: &[u8]) -> Result<()> {
     let m = smoe_actors::vault::parse_manifest(bytes, &mpath)?;
     smoe_actors::vault::check_manifest(dir, &m)?;
     let _ = (m.format_summary(), m.experts.max_blob_stride(), m.experts.mean_blob_len());
-    let _ = RingNeeds::of(&m, 4096, 4);
+    let _ = RingNeeds::of(&m, 4096, DEFAULT_STATE_SNAPSHOTS, 4);
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smoe_actors::engine::{EngineOptions, RingSize, VramSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::BackendKind;
 use smoe_actors::ring::budget::{self, RingBudget, RingNeeds};
+use smoe_actors::state_book::DEFAULT_STATE_SNAPSHOTS;
 use smoe_actors::streamer::{IoChoice, StreamerOptions};
 use smoe_actors::vault::read_manifest;
 
@@ -68,6 +69,8 @@ pub const QUEUE_DEPTH: Limit = Limit { key: "queue_depth", min: 1, max: 1024 };
 pub const CHUNK_SIZE: Limit = Limit { key: "chunk_size", min: 1, max: 65536 };
 /// Speculative gate ranks per decode token.
 pub const SPEC_DEPTH: Limit = Limit { key: "spec_depth", min: 0, max: 1024 };
+/// DeltaNet state snapshots per session (each as large as the session's states).
+pub const STATE_SNAPSHOTS: Limit = Limit { key: "state_snapshots", min: 0, max: 64 };
 
 /// A size in bytes, written as a whole number with an optional unit: none or `B`
 /// (bytes); `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024); `KB`, `MB`, `GB`,
@@ -172,6 +175,8 @@ pub struct EngineSettings {
     pub backend: BackendKind,
     /// Vulkan device index.
     pub device: usize,
+    /// DeltaNet state snapshots a session keeps for prefix reuse (hybrid models).
+    pub state_snapshots: usize,
 }
 
 impl EngineSettings {
@@ -191,6 +196,7 @@ impl EngineSettings {
         QUEUE_DEPTH.check_usize(self.queue_depth)?;
         CHUNK_SIZE.check_usize(self.chunk_size)?;
         SPEC_DEPTH.check_usize(self.spec_depth)?;
+        STATE_SNAPSHOTS.check_usize(self.state_snapshots)?;
         Ok(())
     }
 
@@ -210,6 +216,7 @@ impl EngineSettings {
         }
         Ok(EngineOptions {
             max_context: self.max_context,
+            state_snapshots: self.state_snapshots,
             ring,
             streamer: StreamerOptions { io: self.io, queue_depth: self.queue_depth, fault: None },
             // Unset: what the device can spare beside the sessions' KV caches.
@@ -228,7 +235,7 @@ impl EngineSettings {
             return Ok(RingSize::Bytes(DEFAULT_RING_BYTES));
         };
         let manifest = read_manifest(vault)?;
-        let needs = RingNeeds::of(&manifest, self.max_context, sessions);
+        let needs = RingNeeds::of(&manifest, self.max_context, self.state_snapshots, sessions);
         let cap = (self.backend == BackendKind::Vulkan).then_some(DEFAULT_RING_BYTES);
         let plan = RingBudget::plan(needs, available, cap);
         if plan.slots == 0 {
@@ -259,6 +266,8 @@ impl From<&EngineArgs> for EngineSettings {
             spec_depth: a.spec_depth,
             backend: a.backend,
             device: a.device,
+            // Serve only (`state_snapshots`); a single session keeps the default.
+            state_snapshots: DEFAULT_STATE_SNAPSHOTS,
         }
     }
 }

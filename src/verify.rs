@@ -111,6 +111,7 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
         ring: args.ring_slots.map_or(RingSize::Bytes(DEFAULT_RING_BYTES), RingSize::Slots),
         streamer: StreamerOptions { io: args.io, ..Default::default() },
         vram: VramSize::Bytes(args.vram_bytes.map_or(0, |b| b.0)),
+        ..Default::default()
     };
     // Token-serial replay (blocks of one) and one layer-major pass per chunk size, all
     // on the same backend and sharing one engine's ring.

@@ -58,6 +58,8 @@ fn out_of_range_values_are_refused_by_name() {
         ("header_read_timeout = -3.0\n", "`header_read_timeout`"),
         ("body_read_timeout = 1e9\n", "`body_read_timeout`"),
         ("max_connections = 0\n", "`max_connections` (--max-connections)"),
+        ("state_snapshots = 65\n", "`state_snapshots` (--state-snapshots): must be between 0 and 64, got 65"),
+        ("state_snapshots = -1\n", "key `state_snapshots`"),
         ("[sampling]\ntop_p = 1.5\n", "`sampling.top_p`"),
     ] {
         let err = refused(toml, &[]);
@@ -68,6 +70,8 @@ fn out_of_range_values_are_refused_by_name() {
     assert!(err.contains("`chunk_size`"), "{err}");
     let err = refused("", &["--queue-depth", "100000"]);
     assert!(err.contains("`queue_depth` (--queue-depth)"), "{err}");
+    let err = refused("", &["--state-snapshots", "1000"]);
+    assert!(err.contains("`state_snapshots` (--state-snapshots)"), "{err}");
     let err = refused("chunk_size = [1\n", &[]);
     assert!(err.contains("TOML parse error"), "{err}");
 }

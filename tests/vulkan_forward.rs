@@ -13,16 +13,25 @@ use common::*;
 use smoe_actors::contract::{ForwardPass, KvState};
 use smoe_actors::engine::{Engine, EngineOptions, RingSize, VramSize};
 use smoe_actors::ring::memory::HostAllocator;
+use smoe_actors::streamer::{FaultInjector, FaultKind, StreamerOptions};
 use smoe_actors::vulkan::{ExpertPath, VulkanAllocator, VulkanContext, VulkanPass};
 
 /// Agreement required between the Vulkan and CPU logits (measured max: see README).
 const CPU_TOLERANCE: f32 = 1e-4;
 /// Agreement required with the transformers goldens (the CPU engine is held to 1e-4).
-const GOLDEN_TOLERANCE: f32 = 2e-4;
+/// Measured max on lavapipe: 1.21e-4 on next_bf16 (1.80e-4 before the shaders' `exp`
+/// stopped being the driver's), 3.4e-5 on every other fixture.
+const GOLDEN_TOLERANCE: f32 = 1.5e-4;
 /// Agreement required between the Vulkan and CPU logits of the hybrid fixtures: the
-/// recurrent state carries each token's rounding into every later one (measured max on
-/// lavapipe 1.9e-4 on next_bf16, whose logits reach 28; 5.4e-5 on the others).
-const HYBRID_CPU_TOLERANCE: f32 = 2e-4;
+/// recurrent state carries each token's rounding into every later one, and the per-head
+/// RMSNorm after the delta rule scales a head's error up by 1 / its norm. Measured max on
+/// lavapipe: 1.13e-4 on next_bf16, whose logits reach 33 (1.87e-4 with the driver's
+/// `exp`); 5.2e-5 on the others. What remains is the matmuls' summation order (the Vulkan
+/// lanes split a dot product differently from the CPU's), amplified the same way: the
+/// CPU backend itself, with its dot products summed in sequence instead of in 16 lanes,
+/// moves next_bf16's logits by 1.24e-4 (and lands 1.33e-4 from transformers), so 1e-4
+/// is below that fixture's summation-order noise.
+const HYBRID_CPU_TOLERANCE: f32 = 1.5e-4;
 
 fn opts(ring_slots: usize) -> EngineOptions {
     EngineOptions { max_context: 256, ring: RingSize::Slots(ring_slots), ..Default::default() }
@@ -63,8 +72,17 @@ fn max_diff(a: &[Vec<f32>], b: &[f32]) -> f32 {
 }
 
 fn open(ctx: &Arc<VulkanContext>, vault: &Path, slots: usize, max_rows: usize) -> (Engine, VulkanPass) {
+    open_with(ctx, vault, &opts(slots), max_rows)
+}
+
+fn open_with(
+    ctx: &Arc<VulkanContext>,
+    vault: &Path,
+    opts: &EngineOptions,
+    max_rows: usize,
+) -> (Engine, VulkanPass) {
     let alloc = VulkanAllocator::new(ctx.clone());
-    let engine = Engine::open(vault, &opts(slots), &alloc).unwrap();
+    let engine = Engine::open(vault, opts, &alloc).unwrap();
     // These tests pick the expert paths; the VRAM tier (which replaces them) is off.
     let fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, max_rows, VramSize::Bytes(0)).unwrap();
     (engine, fwd)
@@ -270,6 +288,49 @@ fn vulkan_long_prompts_prefill_bytewise_at_any_block_size() {
             }
         }
     }
+}
+
+/// A block that fails inside the pass, after the state copies its cache queued were
+/// recorded (an injected read error of an expert it needs), drops the session's states and
+/// snapshots: the cache falls back to no reusable prefix, never to a snapshot the failed
+/// submission may have half written, and a rerun from nothing is byte-identical to a fresh
+/// run.
+#[test]
+fn vulkan_hybrid_failed_block_drops_the_states_and_snapshots() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("q35_f32", dir.path(), &[]);
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 400).collect();
+    // Runs tokens in blocks of 8, snapshotting after each, up to a failed block; the last
+    // logits and where it failed.
+    let run = |fwd: &mut VulkanPass, kv: &mut smoe_actors::vulkan::VulkanKvCache| {
+        let mut last = Vec::new();
+        for (i, c) in tokens.chunks(8).enumerate() {
+            match fwd.forward(kv, c, true) {
+                Ok(l) => last = l.unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>(),
+                Err(_) => return (last, Some(8 * i)),
+            }
+            kv.snapshot();
+        }
+        (last, None)
+    };
+    // A fresh run, and in its trace an expert first read after the first snapshot.
+    let (_e, mut fwd) = open(&ctx, &vault, 64, 8);
+    fwd.enable_trace();
+    let mut fresh = fwd.new_kv().unwrap();
+    let (want, failed) = run(&mut fwd, &mut fresh);
+    assert_eq!(failed, None);
+    let trace = fwd.take_trace();
+    let late = trace.iter().find(|e| !e.hit && e.pos >= 8).expect("an expert first read after block 0");
+    // The same run with that read failing once.
+    let key = smoe_proto::ExpertKey::new(late.layer, late.expert);
+    let fault = Some(Arc::new(FaultInjector::new(key, FaultKind::Eio, 1)));
+    let opts = EngineOptions { streamer: StreamerOptions { fault, ..Default::default() }, ..opts(64) };
+    let (_e, mut fwd) = open_with(&ctx, &vault, &opts, 8);
+    let mut kv = fwd.new_kv().unwrap();
+    assert_eq!(run(&mut fwd, &mut kv).1, Some(late.pos), "the block reading {key} fails");
+    assert_eq!((kv.len(), kv.reusable(late.pos), kv.reusable(8)), (0, 0, 0), "nothing is reusable");
+    assert_eq!(run(&mut fwd, &mut kv), (want, None), "rerun from nothing");
 }
 
 #[test]

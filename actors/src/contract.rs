@@ -149,14 +149,6 @@ pub enum ForwardError {
     },
 }
 
-/// Most DeltaNet state snapshots one session's cache keeps for prefix reuse (the
-/// newest; see [`KvState::snapshot`]).
-pub const STATE_SNAPSHOTS: usize = 4;
-
-/// Fewest positions between two DeltaNet state snapshots (a token-serial prefill would
-/// otherwise copy the states after every token).
-pub const SNAPSHOT_SPACING: usize = 16;
-
 /// A per-session cache: keys and values of the attention layers, and for hybrid models
 /// the conv and recurrent states of the DeltaNet layers.
 pub trait KvState: Send {
@@ -177,8 +169,9 @@ pub trait KvState: Send {
     }
     /// Keeps the states at the current length as a point a later [`KvState::truncate`]
     /// can return to (called at the end of each prefill chunk). A cache keeps at most
-    /// [`STATE_SNAPSHOTS`], the newest, at least [`SNAPSHOT_SPACING`] positions apart; a
-    /// cache that can be cut anywhere keeps none.
+    /// `state_snapshots` of them, the newest, at least
+    /// [`crate::state_book::SNAPSHOT_SPACING`] positions apart
+    /// ([`crate::state_book::StateBook`]); a cache that can be cut anywhere keeps none.
     fn snapshot(&mut self) {}
     /// Records that `n` more positions were filled by a forward pass.
     fn advance(&mut self, n: usize);

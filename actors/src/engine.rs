@@ -9,6 +9,7 @@ use smoe_proto::VaultError;
 use crate::model::Model;
 use crate::ring::memory::SlotAllocator;
 use crate::ring::{RingCache, RingError, RingOptions};
+use crate::state_book::DEFAULT_STATE_SNAPSHOTS;
 use crate::streamer::StreamerOptions;
 use crate::vault::Vault;
 
@@ -39,6 +40,8 @@ pub enum VramSize {
 pub struct EngineOptions {
     /// Longest sequence a session may hold.
     pub max_context: usize,
+    /// DeltaNet state snapshots a session keeps for prefix reuse (hybrid models).
+    pub state_snapshots: usize,
     /// Ring size.
     pub ring: RingSize,
     /// Streamer settings.
@@ -51,6 +54,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             max_context: 8192,
+            state_snapshots: DEFAULT_STATE_SNAPSHOTS,
             ring: RingSize::Bytes(DEFAULT_RING_BYTES),
             streamer: StreamerOptions::default(),
             vram: VramSize::Auto { sessions: 1 },
@@ -87,7 +91,9 @@ impl Engine {
         allocator: &dyn SlotAllocator,
     ) -> Result<Engine, EngineError> {
         let vault = Arc::new(Vault::open(dir)?);
-        let model = Arc::new(Model::load(vault.clone(), opts.max_context)?);
+        let mut model = Model::load(vault.clone(), opts.max_context)?;
+        model.state_snapshots = opts.state_snapshots;
+        let model = Arc::new(model);
         let ring = Arc::new(RingCache::new(
             vault.clone(),
             allocator,

@@ -3,7 +3,7 @@
 //! ownership, states, LRU) and [`executor`] (the model on a backend) — each live in one
 //! module. [`model`] holds the model definitions, written once over the operations of
 //! [`contract`]; [`cpu`] and [`vulkan`] are the backends, peers that never import each
-//! other.
+//! other (both keep their DeltaNet state snapshots by [`state_book`]).
 
 pub mod blob_check;
 pub mod contract;
@@ -18,6 +18,7 @@ pub mod ring;
 pub mod router;
 pub mod sampler;
 pub mod scheduler;
+pub mod state_book;
 pub mod streamer;
 pub mod tensor;
 pub mod vault;

@@ -23,7 +23,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::startup::open_engine;
 use anyhow::{Context, Result};
 use kameo::actor::Spawn;
-use smoe_actors::contract::STATE_SNAPSHOTS;
 use smoe_actors::ring::budget::session_bytes;
 use smoe_actors::scheduler::{CancelAll, Drain, Scheduler, SchedulerOptions};
 use smoe_proto::human_bytes;
@@ -127,12 +126,13 @@ async fn serve(config: Config) -> Result<()> {
         template.origin,
         manifest.format_summary()
     );
-    let per = session_bytes(cfg, engine.model.max_context);
+    let snapshots = engine.model.state_snapshots;
+    let per = session_bytes(cfg, engine.model.max_context, snapshots);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let states = match per.states {
         0 => String::new(),
         s => format!(
-            " (keys/values {:.1} MiB, DeltaNet states {:.1} MiB, up to {STATE_SNAPSHOTS} state snapshots {:.1} MiB)",
+            " (keys/values {:.1} MiB, DeltaNet states {:.1} MiB, up to {snapshots} state snapshots {:.1} MiB)",
             mib(per.kv),
             mib(s),
             mib(per.snapshots)

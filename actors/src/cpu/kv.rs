@@ -1,18 +1,12 @@
 //! The CPU backend's per-session cache in host memory: keys and values of every
 //! attention layer, `[position][kv_head][head_dim]`, and for hybrid models each DeltaNet
 //! layer's conv state (`[kernel − 1][channel]`, oldest input first) and recurrent state
-//! (`[value head][key dim][value dim]`), with up to [`STATE_SNAPSHOTS`] copies of those
-//! states at earlier lengths to return to.
+//! (`[value head][key dim][value dim]`), with the snapshots of those states its
+//! [`StateBook`] keeps (copied at once, on the host).
 
-use crate::contract::{KvState, SNAPSHOT_SPACING, STATE_SNAPSHOTS};
+use crate::contract::KvState;
 use crate::model::{MixerRefs, Model};
-
-/// The DeltaNet states at one length: every layer's conv state then recurrent state,
-/// concatenated in layer order.
-struct Snapshot {
-    len: usize,
-    states: Vec<f32>,
-}
+use crate::state_book::{StateBook, StateOp};
 
 /// Per-session cache of one model.
 pub struct KvCache {
@@ -24,15 +18,16 @@ pub struct KvCache {
     pub(super) conv: Vec<Vec<f32>>,
     /// Recurrent state per layer (empty for attention layers).
     pub(super) rec: Vec<Vec<f32>>,
-    /// Whether a pass changed the states since the last [`KvState::advance`] (a failed
-    /// pass leaves them ahead of `len`).
-    pub(super) dirty: bool,
-    snapshots: Vec<Snapshot>,
-    len: usize,
+    /// The lengths the cache holds and can return to.
+    pub(super) book: StateBook,
+    /// Snapshot slots: every DeltaNet state concatenated in layer order (conv then
+    /// recurrent), each allocated when first used.
+    slots: Vec<Vec<f32>>,
 }
 
 impl KvCache {
-    /// An empty cache able to hold `model.max_context` positions.
+    /// An empty cache able to hold `model.max_context` positions, keeping up to
+    /// `model.state_snapshots` snapshots of its DeltaNet states.
     pub fn new(model: &Model) -> Self {
         let c = &model.cfg;
         let n = model.max_context * c.kv_dim();
@@ -44,20 +39,19 @@ impl KvCache {
             };
             model.layers.iter().map(|l| vec![0.0; size(&l.mixer)]).collect()
         };
+        let rec = per_layer(0, rec);
+        let recurrent = rec.iter().any(|r| !r.is_empty());
+        let mut book = StateBook::new(recurrent, model.state_snapshots);
+        // The states start zeroed.
+        book.ops_done();
         KvCache {
             k: per_layer(n, 0),
             v: per_layer(n, 0),
             conv: per_layer(0, conv),
-            rec: per_layer(0, rec),
-            dirty: false,
-            snapshots: Vec::new(),
-            len: 0,
+            rec,
+            book,
+            slots: vec![Vec::new(); model.state_snapshots],
         }
-    }
-
-    /// Whether the cache holds recurrent state (which cannot be cut back).
-    fn recurrent(&self) -> bool {
-        self.rec.iter().any(|r| !r.is_empty())
     }
 
     /// Every DeltaNet state, in snapshot order.
@@ -65,71 +59,51 @@ impl KvCache {
         self.conv.iter_mut().zip(self.rec.iter_mut()).flat_map(|(c, r)| [c, r])
     }
 
-    /// Returns the states to the snapshot of length `len` (0: the empty states).
-    fn restore(&mut self, len: usize) {
-        let mut snaps = std::mem::take(&mut self.snapshots);
-        snaps.retain(|s| s.len <= len);
-        match snaps.iter().find(|s| s.len == len) {
-            Some(snap) => {
-                let mut at = 0;
-                for s in self.states() {
-                    let n = s.len();
-                    s.copy_from_slice(&snap.states[at..at + n]);
-                    at += n;
+    /// Carries out the copies the book queued.
+    fn copy_states(&mut self) {
+        for op in self.book.take_ops() {
+            match op {
+                StateOp::Zero => self.states().for_each(|s| s.fill(0.0)),
+                StateOp::Save(i) => {
+                    let mut slot = std::mem::take(&mut self.slots[i]);
+                    slot.clear();
+                    for s in self.states() {
+                        slot.extend_from_slice(s);
+                    }
+                    self.slots[i] = slot;
+                }
+                StateOp::Load(i) => {
+                    let slot = std::mem::take(&mut self.slots[i]);
+                    let mut at = 0;
+                    for s in self.states() {
+                        let n = s.len();
+                        s.copy_from_slice(&slot[at..at + n]);
+                        at += n;
+                    }
+                    self.slots[i] = slot;
                 }
             }
-            None => self.states().for_each(|s| s.fill(0.0)),
         }
-        self.snapshots = snaps;
-        self.len = len;
-        self.dirty = false;
     }
 }
 
 impl KvState for KvCache {
     fn len(&self) -> usize {
-        self.len
+        self.book.len()
     }
     fn reusable(&self, len: usize) -> usize {
-        if !self.recurrent() || (len >= self.len && !self.dirty) {
-            return self.len.min(len);
-        }
-        self.snapshots.iter().map(|s| s.len).filter(|&l| l <= len).max().unwrap_or(0)
+        self.book.reusable(len)
     }
     fn truncate(&mut self, len: usize) -> usize {
-        let keep = self.reusable(len);
-        if !self.recurrent() {
-            self.len = keep;
-        } else if keep < self.len || self.dirty {
-            self.restore(keep);
-        }
-        self.len
+        let kept = self.book.truncate(len);
+        self.copy_states();
+        kept
     }
     fn snapshot(&mut self) {
-        let len = self.len;
-        if !self.recurrent() || self.dirty || len == 0 {
-            return;
-        }
-        if self.snapshots.iter().any(|s| s.len + SNAPSHOT_SPACING > len) {
-            return;
-        }
-        let mut snap = match self.snapshots.len() < STATE_SNAPSHOTS {
-            true => Snapshot { len, states: Vec::new() },
-            // Full: the oldest gives its buffer.
-            false => {
-                let oldest = (0..self.snapshots.len()).min_by_key(|&i| self.snapshots[i].len).expect("full");
-                self.snapshots.swap_remove(oldest)
-            }
-        };
-        snap.len = len;
-        snap.states.clear();
-        for s in self.states() {
-            snap.states.extend_from_slice(s);
-        }
-        self.snapshots.push(snap);
+        self.book.snapshot();
+        self.copy_states();
     }
     fn advance(&mut self, n: usize) {
-        self.len += n;
-        self.dirty = false;
+        self.book.advance(n);
     }
 }

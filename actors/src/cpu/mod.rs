@@ -167,7 +167,7 @@ impl Backend for CpuBackend {
         let (hd, qd, kvd, eps) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim(), cfg.rms_norm_eps);
         let (qn, kn) = (model.vec(q_norm), model.vec(k_norm));
         let [_, _, q, k, v, ..] = &mut self.s.planes;
-        kv.dirty = true;
+        kv.book.states_changing();
         for t in 0..rows {
             let pos = start + t;
             for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
@@ -240,7 +240,7 @@ impl Backend for CpuBackend {
         let hy = model.hybrid()?;
         let (c, width, taps) = (hy.conv_dim(), Plane::Lin.width(&model.cfg), model.vec(w));
         let state = &mut kv.conv[layer];
-        kv.dirty = true;
+        kv.book.states_changing();
         let lin = &mut self.s.planes[Plane::Lin as usize];
         for row in lin.chunks_exact_mut(width).take(rows) {
             delta::conv1d_step(&mut row[..c], taps, state, hy.linear_conv_kernel_dim);
@@ -269,7 +269,7 @@ impl Backend for CpuBackend {
             (Plane::Lin.width(&model.cfg), (model.vec(a_log), model.vec(dt_bias)));
         let q_scale = 1.0 / (sh.k_dim as f32).sqrt();
         let state = &mut kv.rec[layer];
-        kv.dirty = true;
+        kv.book.states_changing();
         let s = &mut self.s;
         let [.., lin, core, _, _] = &mut s.planes;
         for (row, out) in lin.chunks_exact(width).zip(core.chunks_exact_mut(vd)).take(rows) {

@@ -11,6 +11,7 @@ use smoe_proto::{HybridConfig, LayerType, ModelConfig, VaultError, MANIFEST_FILE
 
 use crate::contract::{Backend, ForwardError, KvState};
 use crate::executor::moe::MoeStep;
+use crate::state_book::DEFAULT_STATE_SNAPSHOTS;
 use crate::tensor::WeightView;
 use crate::vault::{TensorRef, Vault};
 
@@ -163,6 +164,9 @@ pub struct Model {
     pub rope: RopeTable,
     /// Longest sequence (prompt + generated) a session may hold.
     pub max_context: usize,
+    /// DeltaNet state snapshots a session's cache keeps for prefix reuse
+    /// ([`crate::state_book`]).
+    pub state_snapshots: usize,
 }
 
 impl Model {
@@ -175,7 +179,8 @@ impl Model {
     }
 
     /// Resolves every resident tensor of `vault` and precomputes RoPE for
-    /// `max_context` positions (clamped to the model's trained context).
+    /// `max_context` positions (clamped to the model's trained context); sessions keep
+    /// [`DEFAULT_STATE_SNAPSHOTS`] state snapshots.
     pub fn load(vault: Arc<Vault>, max_context: usize) -> Result<Model, VaultError> {
         let cfg = vault.manifest().model.clone();
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
@@ -222,7 +227,17 @@ impl Model {
         let norm = r.f32("model.norm.weight", &[h])?;
         let max_context = max_context.clamp(1, cfg.max_position_embeddings);
         let rope = RopeTable::new(cfg.rope_theta, cfg.rotary_dim(), max_context);
-        Ok(Model { vault, cfg, embed, norm, lm_head, layers, rope, max_context })
+        Ok(Model {
+            vault,
+            cfg,
+            embed,
+            norm,
+            lm_head,
+            layers,
+            rope,
+            max_context,
+            state_snapshots: DEFAULT_STATE_SNAPSHOTS,
+        })
     }
 
     /// Checks a block of `tokens` at positions `start..` before it runs: the one place

@@ -11,8 +11,6 @@ use std::path::Path;
 
 use smoe_proto::{Manifest, ModelConfig};
 
-use crate::contract::STATE_SNAPSHOTS;
-
 /// Smallest margin kept free, in bytes.
 const MIN_MARGIN: u64 = 512 << 20;
 /// Share of the available memory kept free (1 / this).
@@ -138,7 +136,7 @@ pub struct SessionBytes {
     pub kv: u64,
     /// f32 conv and recurrent states of every DeltaNet layer.
     pub states: u64,
-    /// Up to [`STATE_SNAPSHOTS`] copies of the states, for prefix reuse.
+    /// Up to `state_snapshots` copies of the states, for prefix reuse.
     pub snapshots: u64,
 }
 
@@ -150,8 +148,9 @@ impl SessionBytes {
 }
 
 /// What one session's cache holds at `max_context` positions (the context is capped at
-/// the model's trained context, as the model does).
-pub fn session_bytes(cfg: &ModelConfig, max_context: usize) -> SessionBytes {
+/// the model's trained context, as the model does) with `state_snapshots` snapshots of
+/// its DeltaNet states.
+pub fn session_bytes(cfg: &ModelConfig, max_context: usize, state_snapshots: usize) -> SessionBytes {
     let ctx = max_context.clamp(1, cfg.max_position_embeddings.max(1)) as u64;
     let f32_bytes = std::mem::size_of::<f32>() as u64;
     let attention = cfg.attention_layers().len() as u64;
@@ -162,13 +161,13 @@ pub fn session_bytes(cfg: &ModelConfig, max_context: usize) -> SessionBytes {
     SessionBytes {
         kv: ctx * cfg.kv_dim() as u64 * attention * 2 * f32_bytes,
         states,
-        snapshots: states * STATE_SNAPSHOTS as u64,
+        snapshots: states * state_snapshots as u64,
     }
 }
 
-/// Bytes of one session's cache at `max_context` positions ([`session_bytes`] in all).
-pub fn kv_cache_bytes(cfg: &ModelConfig, max_context: usize) -> u64 {
-    session_bytes(cfg, max_context).total()
+/// Bytes of one session's cache ([`session_bytes`] in all).
+pub fn kv_cache_bytes(cfg: &ModelConfig, max_context: usize, state_snapshots: usize) -> u64 {
+    session_bytes(cfg, max_context, state_snapshots).total()
 }
 
 /// What the ring has to share memory with, and what a slot takes.
@@ -186,11 +185,11 @@ pub struct RingNeeds {
 
 impl RingNeeds {
     /// The needs of `manifest`'s model with `sessions` KV caches of `max_context`
-    /// positions.
-    pub fn of(manifest: &Manifest, max_context: usize, sessions: usize) -> RingNeeds {
+    /// positions and `state_snapshots` state snapshots each.
+    pub fn of(manifest: &Manifest, max_context: usize, state_snapshots: usize, sessions: usize) -> RingNeeds {
         RingNeeds {
             resident: manifest.resident.file_len,
-            kv: kv_cache_bytes(&manifest.model, max_context) * sessions as u64,
+            kv: kv_cache_bytes(&manifest.model, max_context, state_snapshots) * sessions as u64,
             slot_bytes: manifest.experts.max_blob_stride().max(1),
             all_slots: manifest.experts.layers.len() * manifest.model.num_experts,
         }

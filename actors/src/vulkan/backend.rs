@@ -280,7 +280,7 @@ impl Backend for VulkanBackend {
             let attn = super::record::set0(&self.ctx, &self.kernels.attention.fused, &[kb, vb])?;
             layers.push(Some(KvLayer { rope, attn, _k: k, _v: v }));
         }
-        Ok(VulkanKvCache::new(Arc::new(layers), self.new_delta_states()?))
+        Ok(VulkanKvCache::new(Arc::new(layers), self.new_delta_states()?, self.model.state_snapshots))
     }
 
     fn embed(&mut self, embed: &TensorRef, tokens: &[u32]) -> Result<(), ForwardError> {

@@ -1,9 +1,9 @@
 //! The hybrid family's layers on the device: the DeltaNet kernels (causal conv1d with
 //! SiLU, the gated delta rule and its row-wise batched sibling, the gated RMSNorm) and the
-//! sigmoid gates (attention output gate, shared expert gate); a session's conv and
-//! recurrent states in device memory with their snapshots; and the bookkeeping of which
-//! lengths a cache can return to ([`StateBook`]), whose copies run on the executor
-//! thread before the session's next block.
+//! sigmoid gates (attention output gate, shared expert gate); and a session's conv and
+//! recurrent states in device memory with their snapshots, copied as its
+//! [`crate::state_book::StateBook`] says on the executor thread before the session's
+//! next block.
 
 use std::sync::{Arc, Mutex};
 
@@ -20,8 +20,9 @@ use super::kv::VulkanKvCache;
 use super::pipelines::{kernel, Kernel};
 use super::record::{set0, Recorder};
 use super::VulkanError;
-use crate::contract::{ForwardError, Plane, SNAPSHOT_SPACING, STATE_SNAPSHOTS};
+use crate::contract::{ForwardError, Plane};
 use crate::model::MixerRefs;
+use crate::state_book::StateOp;
 
 /// Widest key head the delta-rule kernels take (`MAX_DK` in `shaders/delta_rule.comp`).
 pub const MAX_KEY_DIM: usize = 256;
@@ -171,20 +172,9 @@ pub(crate) struct DeltaLayer {
     rec_off: u32,
 }
 
-/// What a cache asks the device to do with its states before its next block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum StateOp {
-    /// Clear the states (a new or restarted session).
-    Zero,
-    /// Copy the states into snapshot slot `i`.
-    Save(usize),
-    /// Copy snapshot slot `i` back into the states.
-    Load(usize),
-}
-
 /// A session's DeltaNet states on the device: every layer's conv then recurrent state in
 /// one buffer (each layer's region 256-byte aligned, so a set binds it alone), and up to
-/// [`STATE_SNAPSHOTS`] copies of that buffer, allocated when first used. Shared by the
+/// `state_snapshots` copies of that buffer, allocated when first used. Shared by the
 /// clones of a cache.
 pub(crate) struct DeltaStates {
     live: Subbuffer<[f32]>,
@@ -235,94 +225,6 @@ impl DeltaStates {
     }
 }
 
-/// Which lengths a session's cache holds and can return to, and the state copies that
-/// must run before its next block. A cache without recurrent state cuts anywhere; one
-/// with it returns to a snapshot (or to nothing), as the CPU cache does, except that
-/// after a failed block it forgets its snapshots and starts over (the failed block may
-/// have run part of the copies).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct StateBook {
-    recurrent: bool,
-    len: usize,
-    /// (length, slot) of each snapshot.
-    snaps: Vec<(usize, usize)>,
-    ops: Vec<StateOp>,
-}
-
-impl StateBook {
-    /// An empty cache's book; one with recurrent state starts by clearing it.
-    pub fn new(recurrent: bool) -> Self {
-        let ops = if recurrent { vec![StateOp::Zero] } else { Vec::new() };
-        StateBook { recurrent, len: 0, snaps: Vec::new(), ops }
-    }
-
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Positions [`StateBook::truncate`]`(len)` would keep.
-    pub fn reusable(&self, len: usize) -> usize {
-        if !self.recurrent || len >= self.len {
-            return self.len.min(len);
-        }
-        self.snaps.iter().map(|s| s.0).filter(|&l| l <= len).max().unwrap_or(0)
-    }
-
-    /// Cuts back to at most `len` positions (to a snapshot, with recurrent state).
-    pub fn truncate(&mut self, len: usize) -> usize {
-        let keep = self.reusable(len);
-        if self.recurrent && keep < self.len {
-            self.snaps.retain(|s| s.0 <= keep);
-            let op = match self.snaps.iter().find(|s| s.0 == keep) {
-                Some(&(_, slot)) => StateOp::Load(slot),
-                None => StateOp::Zero,
-            };
-            self.ops.push(op);
-        }
-        self.len = keep;
-        self.len
-    }
-
-    /// Keeps the states at the current length, as [`crate::contract::KvState::snapshot`]
-    /// says.
-    pub fn snapshot(&mut self) {
-        let len = self.len;
-        if !self.recurrent || len == 0 || self.snaps.iter().any(|s| s.0 + SNAPSHOT_SPACING > len) {
-            return;
-        }
-        let slot = if self.snaps.len() < STATE_SNAPSHOTS {
-            (0..STATE_SNAPSHOTS).find(|i| self.snaps.iter().all(|s| s.1 != *i)).expect("a free slot")
-        } else {
-            let oldest = (0..self.snaps.len()).min_by_key(|&i| self.snaps[i].0).expect("full");
-            self.snaps.swap_remove(oldest).1
-        };
-        self.ops.push(StateOp::Save(slot));
-        self.snaps.push((len, slot));
-    }
-
-    /// Records that `n` more positions were filled.
-    pub fn advance(&mut self, n: usize) {
-        self.len += n;
-    }
-
-    /// The copies waiting for the next block.
-    pub fn ops(&self) -> &[StateOp] {
-        &self.ops
-    }
-
-    /// After a block ran (its copies were recorded before it): on success the copies are
-    /// done; on failure a cache with recurrent state starts over, empty.
-    pub fn ran(&mut self, ok: bool) {
-        self.ops.clear();
-        if !ok && self.recurrent {
-            self.snaps.clear();
-            self.ops.push(StateOp::Zero);
-            self.len = 0;
-        }
-    }
-}
-
 impl VulkanBackend {
     /// A new session's DeltaNet states (`None` for a model without DeltaNet layers).
     pub(super) fn new_delta_states(&self) -> Result<Option<Arc<DeltaStates>>, VulkanError> {
@@ -351,7 +253,8 @@ impl VulkanBackend {
             let rec_off = conv.next_multiple_of(STATE_ALIGN) as u32;
             layers.push(Some(DeltaLayer { conv: conv_set, delta, rec_off }));
         }
-        Ok(Some(Arc::new(DeltaStates { live, slots: Mutex::new(vec![None; STATE_SNAPSHOTS]), layers })))
+        let slots = Mutex::new(vec![None; self.model.state_snapshots]);
+        Ok(Some(Arc::new(DeltaStates { live, slots, layers })))
     }
 
     /// Records the state copies `kv` waits for, ahead of its next block.

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use vulkano::buffer::Subbuffer;
 use vulkano::descriptor_set::DescriptorSet;
 
-use super::delta::{DeltaStates, StateBook};
+use super::delta::DeltaStates;
+use crate::state_book::StateBook;
 
 /// One layer's cache buffers and the sets that bind them.
 pub struct KvLayer {
@@ -33,8 +34,12 @@ pub struct VulkanKvCache {
 }
 
 impl VulkanKvCache {
-    pub(super) fn new(layers: Arc<Vec<Option<KvLayer>>>, states: Option<Arc<DeltaStates>>) -> Self {
-        let book = StateBook::new(states.is_some());
+    pub(super) fn new(
+        layers: Arc<Vec<Option<KvLayer>>>,
+        states: Option<Arc<DeltaStates>>,
+        snapshots: usize,
+    ) -> Self {
+        let book = StateBook::new(states.is_some(), snapshots);
         VulkanKvCache { layers, states, book }
     }
 

@@ -237,7 +237,20 @@ impl ForwardPass for VulkanPass {
         if let Some(t) = self.trace.as_mut() {
             t.extend(trace);
         }
-        kv.book.ran(result.is_ok());
+        match &result {
+            Ok(_) => kv.book.ops_done(),
+            Err(e) => {
+                // The block's state copies and its states on the device may be half
+                // done: the session never resumes from them.
+                let lost = kv.book.forget();
+                if kv.states.is_some() {
+                    tracing::warn!(
+                        "a hybrid session's block failed ({e}): its DeltaNet states and {lost} state \
+                         snapshots on the device are dropped; its next request reuses no prefix"
+                    );
+                }
+            }
+        }
         result?;
         kv.advance(done.len() - kv.len());
         Ok(want_logits.then_some(self.logits.as_slice()))
