@@ -300,7 +300,15 @@ pub trait Backend {
     /// device-routed when `device_bets` is given (each ranking that many bets beyond
     /// top-k), and it ends with the LM head when `logits`. A backend may replay its
     /// recording of an identical earlier pass.
-    fn begin_pass(&mut self, _kv: &Self::Kv, _rows: usize, _device_bets: Option<usize>, _logits: bool) {}
+    fn begin_pass(
+        &mut self,
+        _kv: &Self::Kv,
+        _rows: usize,
+        _device_bets: Option<usize>,
+        _logits: bool,
+    ) -> Result<(), ForwardError> {
+        Ok(())
+    }
     /// Whether a one-token pass may run its MoE steps with [`Backend::route_on_device`]
     /// (the default: no).
     fn routes_on_device(&mut self) -> bool {

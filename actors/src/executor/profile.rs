@@ -142,7 +142,13 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<GateInput, ForwardError> {
         self.op(None, Phase::RouterGate, |b| b.route_input(gate, rows, job))
     }
-    fn begin_pass(&mut self, kv: &Self::Kv, rows: usize, device_bets: Option<usize>, logits: bool) {
+    fn begin_pass(
+        &mut self,
+        kv: &Self::Kv,
+        rows: usize,
+        device_bets: Option<usize>,
+        logits: bool,
+    ) -> Result<(), ForwardError> {
         self.b.begin_pass(kv, rows, device_bets, logits)
     }
     fn routes_on_device(&mut self) -> bool {

@@ -428,7 +428,7 @@ fn pass<B: Backend>(
 ) -> Result<(), ForwardError> {
     let (start, m) = (kv.len(), tokens.len());
     moe.begin_pass(on_device);
-    b.begin_pass(kv, m, on_device.then(|| moe.spec_depth()), want_logits);
+    b.begin_pass(kv, m, on_device.then(|| moe.spec_depth()), want_logits)?;
     match model.cfg.hybrid {
         None => qwen3_moe::layers(b, moe, model, kv, tokens, start),
         Some(_) => qwen3_next::layers(b, moe, model, kv, tokens, start),

@@ -28,7 +28,7 @@ use super::timing::DeviceTimer;
 use super::vram::VramTier;
 use super::weights::{device_embeds, DeviceModel};
 use super::VulkanError;
-use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
+use crate::contract::{Backend, Flush, ForwardError, KvState, Plane, Write};
 use crate::engine::VramSize;
 use crate::model::{MixerRefs, Model};
 use crate::profile::{Phase, PhaseProfile, Regime};
@@ -65,7 +65,7 @@ pub struct VulkanBackend {
     /// Device-routed decode steps, while the VRAM tier holds every expert.
     pub(super) routes: Option<DeviceRoutes>,
     /// Kept command buffers of device-routed decode steps.
-    replays: Replays,
+    pub(super) replays: Replays,
     /// Device timestamps, while profiling.
     pub(super) timer: Option<DeviceTimer>,
 }
@@ -341,7 +341,7 @@ impl Backend for VulkanBackend {
         _q_norm: &TensorRef,
         _k_norm: &TensorRef,
         kv: &mut VulkanKvCache,
-        start: usize,
+        _start: usize,
         rows: usize,
     ) -> Result<(), ForwardError> {
         // The layer's norm weights are bound in its cache set (see `new_kv`).
@@ -359,14 +359,9 @@ impl Backend for VulkanBackend {
             c.rms_norm_eps.to_bits(),
             self.model.rope.half as u32,
         ];
+        // The position is the arena's position word (written by `begin_pass`).
         let (k, set) = (self.kernels.qk_rope.clone(), kv_layer(kv, layer)?.rope.clone());
-        // The position is data, not a push constant, so a kept recording serves every
-        // position (the attention kernel reads it too).
-        self.io.write().map_err(verr("writing the position"))?[self.io_pos] = f32::from_bits(start as u32);
-        let (io, act, (ip, ap)) = (self.io.clone(), self.act.clone(), (self.io_pos as u64, a.pos as u64));
-        let rec = self.rec()?;
-        rec.copy(io.slice(ip..ip + 1), act.slice(ap..ap + 1))?;
-        Ok(rec.dispatch(&k, Some(set), push, [nh + nkv, rows as u32, 1])?)
+        Ok(self.rec()?.dispatch(&k, Some(set), push, [nh + nkv, rows as u32, 1])?)
     }
 
     fn attention(
@@ -377,8 +372,7 @@ impl Backend for VulkanBackend {
         rows: usize,
     ) -> Result<(), ForwardError> {
         let a = self.a;
-        // The position word was written by `qk_norm_rope` (every attention layer runs it
-        // first).
+        // The position word was written at the start of the pass (`begin_pass`).
         let args = AttentionArgs {
             shape: AttentionShape::of(&self.model.cfg),
             q_off: a.at(Plane::Q),
@@ -577,9 +571,22 @@ impl Backend for VulkanBackend {
         }
     }
 
-    fn begin_pass(&mut self, kv: &VulkanKvCache, rows: usize, device_bets: Option<usize>, logits: bool) {
+    fn begin_pass(
+        &mut self,
+        kv: &VulkanKvCache,
+        rows: usize,
+        device_bets: Option<usize>,
+        logits: bool,
+    ) -> Result<(), ForwardError> {
         let replayable = rows == 1 && self.timer.is_none() && self.model.cfg.hybrid.is_none();
         self.replays.begin(kv, device_bets.filter(|_| replayable).map(|bets| (bets, logits)));
+        // The block's position is data, not a push constant, so a kept recording serves
+        // every position: the host writes it, the recording copies it to the arena's
+        // position word, which the RoPE and attention kernels read.
+        self.io.write().map_err(verr("writing the position"))?[self.io_pos] = f32::from_bits(kv.len() as u32);
+        let (io, act, (ip, ap)) =
+            (self.io.clone(), self.act.clone(), (self.io_pos as u64, self.a.pos as u64));
+        Ok(self.rec()?.copy(io.slice(ip..ip + 1), act.slice(ap..ap + 1))?)
     }
 
     fn routes_on_device(&mut self) -> bool {

@@ -168,10 +168,7 @@ impl KernelHarness {
 
     /// Reads `len` activation floats from `off`.
     pub fn read_act(&self, off: usize, len: usize) -> Result<Vec<f32>, VulkanError> {
-        let dst = host_buffer::<f32>(&self.ctx, len as u64, BufferUsage::empty())?;
-        self.run(|r| r.copy(self.act.clone().slice(off as u64..(off + len) as u64), dst.clone()), 1)?;
-        let v = dst.read().map_err(verr("reading activations"))?.to_vec();
-        Ok(v)
+        self.read_floats(&self.act.clone().slice(off as u64..(off + len) as u64))
     }
 
     /// Writes the routing buffer from its start.
