@@ -160,6 +160,14 @@ impl VulkanBackend {
             t.end(&mut rec.cb)?;
         }
         let cb = match self.replays.take_replay() {
+            // A kept decode buffer with nothing before it: submitted as it is.
+            Some(kept) if wait && self.pending.is_none() && self.transfer.is_none() => {
+                self.replays.run(&self.ctx, kept)?;
+                if let Some(v) = self.ex.vram.as_mut() {
+                    v.settle();
+                }
+                return Ok(());
+            }
             Some(kept) => kept,
             None => {
                 let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
