@@ -3,7 +3,8 @@
 //! staging directory beside the target, which takes the target's place only when complete
 //! ([`Staging`]): a failed run leaves the target as it was and removes what it wrote.
 //! Tensor bytes come from a [`TensorSource`] in bounded chunks: a checkpoint being
-//! converted, or the random generator of `synth`.
+//! converted, or the random generator of `synth`. Both encode a tensor's steps on every
+//! core and hand them on in order ([`encode_steps`]).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::atomic_dir::Staging;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
 use smoe_proto::{
     align_up, tensor_bytes, BlobEntry, DType, ExpertIndex, ExpertLayout, LayerBlobs, LayerType, Manifest,
     ModelConfig, ResidentIndex, TensorEntry, BLOB_ALIGN, FORMAT_VERSION, MANIFEST_FILE,
@@ -54,6 +56,31 @@ pub trait TensorSource {
         to: DType,
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()>;
+}
+
+/// Steps of a tensor [`encode_steps`] has in flight per thread.
+const STEPS_PER_THREAD: usize = 2;
+
+/// Encodes steps `0..steps` of a tensor on every core (rayon) and hands their bytes to
+/// `emit` in step order, so the bytes do not depend on the number of threads:
+/// `encode(vals, s)` returns step `s`'s bytes, `vals` being a scratch buffer of values it
+/// may use (one per rayon job). Steps go in batches of [`STEPS_PER_THREAD`] per thread,
+/// so at most that many steps' bytes per thread wait to be written. As in a serial loop,
+/// the first failing step's error is returned after the steps before it were emitted.
+pub fn encode_steps(
+    steps: usize,
+    encode: impl Fn(&mut Vec<f32>, usize) -> Result<Vec<u8>> + Sync,
+    emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let batch = STEPS_PER_THREAD * rayon::current_num_threads();
+    for first in (0..steps).step_by(batch) {
+        let encoded: Vec<Result<Vec<u8>>> =
+            (first..steps.min(first + batch)).into_par_iter().map_init(Vec::new, &encode).collect();
+        for bytes in encoded {
+            emit(&bytes?)?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes bytes while tracking the file offset and a progress bar.
@@ -370,4 +397,30 @@ fn holds_vault(dir: &Path) -> bool {
     }
     let Ok(text) = std::fs::read(&path) else { return false };
     serde_json::from_slice::<serde_json::Value>(&text).is_ok_and(|m| m["format_version"].is_u64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_emitted_in_order_up_to_the_first_error() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        // Steps 30 and 17 fail: 17's error comes back, after exactly the steps before it.
+        let encode = |_: &mut Vec<f32>, s: usize| -> Result<Vec<u8>> {
+            match s {
+                17 | 30 => bail!("step {s} failed"),
+                _ => Ok(vec![s as u8; s % 3]),
+            }
+        };
+        let mut got = Vec::new();
+        let err = pool.install(|| {
+            encode_steps(50, encode, &mut |b| {
+                got.push(b.to_vec());
+                Ok(())
+            })
+        });
+        assert_eq!(err.unwrap_err().to_string(), "step 17 failed");
+        assert_eq!(got, (0..17).map(|s| vec![s as u8; s % 3]).collect::<Vec<_>>());
+    }
 }

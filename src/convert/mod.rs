@@ -1,7 +1,7 @@
 //! `smoe-pipeline convert`: a HuggingFace checkpoint directory or a GGUF file becomes a
 //! vault — a manifest, one file of resident tensors, one file of aligned expert blobs per
-//! MoE layer, and the tokenizer files. Tensors are streamed through a fixed-size buffer,
-//! so memory stays bounded whatever the checkpoint's size.
+//! MoE layer, and the tokenizer files. Tensors are streamed in fixed-size steps, a few per
+//! thread at a time, so memory stays bounded whatever the checkpoint's size.
 
 pub mod checkpoint;
 pub mod gguf;
@@ -17,7 +17,7 @@ use smoe_actors::cpu::quantize::encode_rows;
 use smoe_proto::{DType, Manifest, ModelConfig};
 
 use crate::quant::Quant;
-use crate::vault_writer::{write_vault, TensorSource, VaultSpec};
+use crate::vault_writer::{encode_steps, write_vault, TensorSource, VaultSpec};
 
 use checkpoint::{Checkpoint, SrcDtype};
 
@@ -85,13 +85,12 @@ pub struct ConvertOptions {
     pub force: bool,
 }
 
-/// A checkpoint as a tensor source: each tensor is streamed from its memory map
-/// through a fixed-size conversion buffer, its rows taken as [`layout::recipe`] says.
+/// A checkpoint as a tensor source: each tensor is streamed from its memory map in
+/// fixed-size steps converted on every core ([`encode_steps`]), its rows taken as
+/// [`layout::recipe`] says.
 struct CheckpointSource<'a> {
     ckpt: &'a Checkpoint,
     cfg: &'a ModelConfig,
-    vals: Vec<f32>,
-    buf: Vec<u8>,
 }
 
 impl TensorSource for CheckpointSource<'_> {
@@ -109,21 +108,31 @@ impl TensorSource for CheckpointSource<'_> {
         }
         for (src, ranges) in &recipe.parts {
             let (info, bytes) = self.ckpt.tensor(src)?;
-            let row_bytes = cols * info.dtype.size();
+            let (from, add_one) = (info.dtype, recipe.add_one);
+            let row_bytes = cols * from.size();
+            let step = step_elems(cols) * from.size();
             for rows in ranges {
                 let part = &bytes[rows.start * row_bytes..rows.end * row_bytes];
-                for chunk in part.chunks(step_elems(cols) * info.dtype.size()) {
-                    self.buf.clear();
-                    convert_elems(chunk, info.dtype, to, cols, &mut self.vals, &mut self.buf)
-                        .with_context(|| format!("tensor `{name}`"))?;
-                    if recipe.add_one {
-                        for b in self.buf.chunks_exact_mut(4) {
+                let convert = |vals: &mut Vec<f32>, s: usize| -> Result<Vec<u8>> {
+                    let mut out = Vec::new();
+                    convert_elems(
+                        &part[s * step..part.len().min((s + 1) * step)],
+                        from,
+                        to,
+                        cols,
+                        vals,
+                        &mut out,
+                    )
+                    .with_context(|| format!("tensor `{name}`"))?;
+                    if add_one {
+                        for b in out.chunks_exact_mut(4) {
                             let v = 1.0 + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                             b.copy_from_slice(&v.to_le_bytes());
                         }
                     }
-                    emit(&self.buf)?;
-                }
+                    Ok(out)
+                };
+                encode_steps(part.len().div_ceil(step), convert, emit)?;
             }
         }
         Ok(())
@@ -176,6 +185,6 @@ fn convert_hf(hf: &Path, opts: &ConvertOptions) -> Result<Manifest> {
         tokenizer_files: Vec::new(),
         label: "converting",
     };
-    let mut src = CheckpointSource { ckpt: &ckpt, cfg: &cfg, vals: Vec::new(), buf: Vec::new() };
+    let mut src = CheckpointSource { ckpt: &ckpt, cfg: &cfg };
     write_vault(&spec, &mut src)
 }

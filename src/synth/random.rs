@@ -1,6 +1,11 @@
 //! The seeded random weights every synthetic model starts from, streamed tensor by
 //! tensor in bounded memory, with an optional [`Shaper`] that rewrites rows before they
 //! are written (the `trained` routing profile).
+//!
+//! A tensor is drawn in steps of whole rows, on every core ([`encode_steps`]). Each value
+//! takes exactly one 32-bit word of the tensor's ChaCha8 stream, so a step starts its own
+//! copy of the generator at its first element's word position and draws exactly the
+//! values a single pass over the tensor would.
 
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
@@ -8,13 +13,15 @@ use rand_chacha::ChaCha8Rng;
 use smoe_actors::cpu::quantize::encode_rows;
 use smoe_proto::DType;
 
-use crate::vault_writer::TensorSource;
+use crate::vault_writer::{encode_steps, TensorSource};
 
-/// Elements generated per step (at least one row).
+/// Elements generated per step (at least one row): 1 MiB of values and at most 1 MiB of
+/// encoded bytes, so with [`encode_steps`]' batches at most 4 MiB per thread.
 const STEP: usize = 1 << 18;
 
-/// Rewrites rows of a tensor after they are drawn and before they are written.
-pub trait Shaper {
+/// Rewrites rows of a tensor after they are drawn and before they are written (from any
+/// thread, steps of one tensor at once).
+pub trait Shaper: Sync {
     /// Shapes rows `first_row..` of tensor `name` (of `shape`; a 1-D tensor is one row)
     /// held in `rows`, `shape.last()` values per row, in place.
     fn shape(&self, name: &str, shape: &[usize], first_row: usize, rows: &mut [f32]);
@@ -62,14 +69,14 @@ pub fn random_values(seed: u64, name: &str, shape: &[usize]) -> Vec<f32> {
 pub struct RandomSource<'a> {
     seed: u64,
     shaper: Option<&'a dyn Shaper>,
-    vals: Vec<f32>,
-    bytes: Vec<u8>,
+    /// Elements per step ([`STEP`]; tests take smaller steps).
+    step: usize,
 }
 
 impl<'a> RandomSource<'a> {
     /// Weights drawn from `seed`, rewritten by `shaper` when given.
     pub fn new(seed: u64, shaper: Option<&'a dyn Shaper>) -> Self {
-        RandomSource { seed, shaper, vals: Vec::with_capacity(STEP), bytes: Vec::new() }
+        RandomSource { seed, shaper, step: STEP }
     }
 }
 
@@ -81,24 +88,101 @@ impl TensorSource for RandomSource<'_> {
         to: DType,
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        let mut rng = tensor_rng(self.seed, name);
+        let (rng, shaper) = (tensor_rng(self.seed, name), self.shaper);
         let (lo, hi) = value_range(name, shape);
         let cols = (*shape.last().unwrap_or(&1)).max(1);
         let total: usize = shape.iter().product();
-        let step_rows = (STEP / cols).max(1);
-        let mut row = 0;
-        while row * cols < total {
-            let n = (step_rows * cols).min(total - row * cols);
-            self.vals.clear();
-            self.vals.extend((0..n).map(|_| rng.random_range(lo..hi)));
-            if let Some(shaper) = self.shaper {
-                shaper.shape(name, shape, row, &mut self.vals);
+        let step = (self.step / cols).max(1) * cols;
+        // Step `s`: its values (one word of the stream each), shaped and encoded.
+        let draw = |vals: &mut Vec<f32>, s: usize| -> Result<Vec<u8>> {
+            let first = s * step;
+            let mut rng = rng.clone();
+            rng.set_word_pos(first as u128);
+            vals.clear();
+            vals.extend((0..step.min(total - first)).map(|_| rng.random_range(lo..hi)));
+            if let Some(shaper) = shaper {
+                shaper.shape(name, shape, first / cols, vals);
             }
-            self.bytes.clear();
-            encode_rows(&self.vals, cols, to, &mut self.bytes)?;
-            emit(&self.bytes)?;
-            row += n / cols;
+            let mut bytes = Vec::new();
+            encode_rows(vals, cols, to, &mut bytes)?;
+            Ok(bytes)
+        };
+        encode_steps(total.div_ceil(step), draw, emit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Quant;
+    use crate::synth::preset;
+    use crate::synth::trained::{Targets, TrainedProfile};
+    use crate::vault_writer::{write_vault, VaultSpec};
+
+    /// Every file of the vault at `dir`, by relative path.
+    fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+        let mut v = Vec::new();
+        for e in walk(dir) {
+            v.push((e.strip_prefix(dir).unwrap().display().to_string(), std::fs::read(&e).unwrap()));
         }
-        Ok(())
+        v.sort();
+        v
+    }
+
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                v.extend(walk(&p));
+            } else {
+                v.push(p);
+            }
+        }
+        v
+    }
+
+    /// The files of preset `name`'s vault (2 layers, Q4_K_M) drawn with `step` on a pool
+    /// of `threads`.
+    fn vault(name: &str, trained: bool, threads: usize, step: usize) -> Vec<(String, Vec<u8>)> {
+        let mut cfg = preset(name).unwrap();
+        cfg.num_hidden_layers = 2;
+        let profile = trained.then(|| TrainedProfile::new(&cfg, 5, Targets::default()).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("v");
+        let spec = VaultSpec {
+            out: &out,
+            cfg: &cfg,
+            dtype: DType::Bf16,
+            quant: Some(Quant::Q4KM),
+            keep_resident: false,
+            force: false,
+            tokenizer_dir: None,
+            tokenizer_files: Vec::new(),
+            label: "test",
+        };
+        let mut src = RandomSource::new(5, profile.as_ref().map(|p| p as &dyn Shaper));
+        src.step = step;
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| write_vault(&spec, &mut src)).unwrap();
+        files(&out)
+    }
+
+    #[test]
+    fn steps_drawn_on_several_threads_give_the_bytes_of_one_pass() {
+        // `small` stores Q4_K/Q6_K experts; every tensor of it fits one default step, so
+        // one thread and the default step draw each tensor in a single pass.
+        let one_pass = vault("small", false, 1, STEP);
+        assert!(one_pass.iter().any(|(f, _)| f.starts_with("experts")));
+        // Steps of 3 rows of 256 (and of whole rows of the wider and narrower tensors),
+        // many batches per tensor, some ending short.
+        assert!(vault("small", false, 3, 3 * 256) == one_pass, "3 threads, short steps");
+        assert!(vault("small", false, 1, 3 * 256) == one_pass, "1 thread, short steps");
+    }
+
+    #[test]
+    fn a_shaped_vault_does_not_depend_on_the_thread_count() {
+        let one = vault("tiny", true, 1, 64 * 3);
+        assert!(vault("tiny", true, 4, 64 * 3) == one);
     }
 }
