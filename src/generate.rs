@@ -230,8 +230,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 /// its share of that window, and what lookahead read, used and wasted.
 fn prefill_io(start: &RingSnapshot, first: &RingSnapshot, ttft: Duration) -> serde_json::Value {
     let busy_ns = first.read_busy_ns - start.read_busy_ns;
-    let (read, used) =
-        (first.lookahead_bytes - start.lookahead_bytes, first.lookahead_used_bytes - start.lookahead_used_bytes);
+    let (read, used) = (
+        first.lookahead_bytes - start.lookahead_bytes,
+        first.lookahead_used_bytes - start.lookahead_used_bytes,
+    );
     json!({
         "bytes_read": first.bytes_read - start.bytes_read,
         "read_busy_ms": busy_ns as f64 / 1e6,

@@ -239,7 +239,11 @@ fn lookahead_never_changes_a_byte_and_counts_what_it_read() {
             assert!(bits(&off_logits) == bits(&on_logits), "{case}: lookahead changed the logits");
             let (s, s0) = (&on["stats"], &off["stats"]);
             let n = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap();
-            assert_eq!(n(s0, "lookahead_reads") + n(s0, "lookahead_bytes"), 0, "{case}: off reads nothing ahead");
+            assert_eq!(
+                n(s0, "lookahead_reads") + n(s0, "lookahead_bytes"),
+                0,
+                "{case}: off reads nothing ahead"
+            );
             assert!(n(s, "lookahead_reads") > 0, "{case}: {s}");
             assert!(n(s, "lookahead_used_bytes") <= n(s, "lookahead_bytes"), "{case}: {s}");
             assert_eq!(

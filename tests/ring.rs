@@ -413,7 +413,11 @@ fn lookahead_takes_only_idle_slots_and_counts_used_and_wasted_bytes() {
         let ahead: Vec<Lookahead> = (0..6).map(|e| ring.lookahead(key(2, e))).collect();
         assert_eq!(ahead.iter().filter(|&&a| a == Lookahead::Queued).count(), 4, "{name}: {ahead:?}");
         assert_eq!(ahead[4], Lookahead::Refused, "{name}");
-        assert_eq!(ring.lookahead(key(1, 5)), Lookahead::Refused, "{name}: only layers 1 and 2's reads are left");
+        assert_eq!(
+            ring.lookahead(key(1, 5)),
+            Lookahead::Refused,
+            "{name}: only layers 1 and 2's reads are left"
+        );
         settle(&engine);
         ring.check_invariants(true).unwrap_or_else(|e| panic!("{name}: {e}"));
         // Layer 1 routes to expert 0 only: it is a hit; expert 1 is withdrawn (read already,

@@ -564,7 +564,10 @@ impl RingCache {
         loop {
             if let Some(idx) = sh.try_ref(key) {
                 sh.slots[idx as usize].tick.store(sh.tick(), Ordering::Relaxed);
-                if matches!(sh.slots[idx as usize].origin.load(Ordering::Acquire), ORIGIN_BET | ORIGIN_LOOKAHEAD) {
+                if matches!(
+                    sh.slots[idx as usize].origin.load(Ordering::Acquire),
+                    ORIGIN_BET | ORIGIN_LOOKAHEAD
+                ) {
                     self.streamer.promote(idx);
                 }
                 return Some(idx);
