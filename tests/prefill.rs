@@ -218,13 +218,15 @@ fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
 #[test]
 fn lookahead_never_changes_a_byte_and_counts_what_it_read() {
     let dir = tempfile::tempdir().unwrap();
-    // bf16_sharded has dense layers between its MoE layers (lookahead skips them).
-    for name in ["moe_all", "bf16_sharded"] {
+    // bf16_sharded (16 experts per layer) has dense layers between its MoE layers
+    // (lookahead skips them).
+    for (name, experts) in [("moe_all", 8), ("bf16_sharded", 16)] {
         let vault = convert(name, dir.path(), &[]);
         let prompt: Vec<u32> = (0..120).map(|i| (i * 37 % 300) as u32).collect();
-        // Small chunks in a ring that cannot hold a layer's experts beside the next
-        // one's (reads withdrawn and wasted), and a ring holding every expert.
-        for (chunk, slots) in [("2", "6"), ("16", "10"), ("64", "10000")] {
+        // Rings with a few slots beside a layer's union (predictions withdrawn, reads
+        // wasted, lookahead and demand competing for slots), and one holding every expert.
+        let (small, layer) = ((experts - 2).to_string(), (experts + experts / 2).to_string());
+        for (chunk, slots) in [("2", small.as_str()), ("16", layer.as_str()), ("64", "10000")] {
             let run = |lookahead: &str| {
                 let lp = dir.path().join(format!("{name}-{chunk}-{slots}-{lookahead}.safetensors"));
                 let flags = ["--chunk-size", chunk, "--ring-slots", slots, "--lookahead", lookahead];
@@ -264,7 +266,7 @@ fn lookahead_never_changes_a_byte_and_counts_what_it_read() {
         let v = vault.to_str().unwrap();
         let err = run_err(&["generate", "--vault", v, "--prompt-ids", "1,2", "--lookahead", "65537"]);
         assert!(err.contains("`lookahead` (--lookahead): must be between 0 and 65536, got 65537"), "{err}");
-        let err = run_err(&["generate", "--vault", v, "--prompt-ids", "1,2", "--lookahead", "-3"]);
+        let err = run_err(&["generate", "--vault", v, "--prompt-ids", "1,2", "--lookahead=-3"]);
         assert!(err.contains("--lookahead"), "{err}");
     }
 }
