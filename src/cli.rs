@@ -314,6 +314,10 @@ pub struct EngineArgs {
     /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
     #[arg(long, default_value_t = 0)]
     pub spec_depth: usize,
+    /// Experts of the next MoE layer a prefill chunk reads ahead while a layer computes
+    /// (0: off), 0-65536.
+    #[arg(long, default_value_t = 0)]
+    pub lookahead: usize,
     /// Compute backend: cpu (the reference) or vulkan.
     #[arg(long, default_value = "cpu")]
     pub backend: smoe_actors::executor::BackendKind,
@@ -392,6 +396,9 @@ pub struct ServeArgs {
     /// Gate ranks beyond top-k read speculatively during decode (0: off).
     #[arg(long)]
     pub spec_depth: Option<usize>,
+    /// Experts of the next MoE layer a prefill chunk reads ahead (0: off), 0-65536.
+    #[arg(long)]
+    pub lookahead: Option<usize>,
     /// Token streams kept with their KV caches for prefix reuse.
     #[arg(long)]
     pub max_sessions: Option<usize>,

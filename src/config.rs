@@ -60,6 +60,9 @@ pub struct Config {
     pub chunk_size: usize,
     /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
     pub spec_depth: usize,
+    /// Experts of the next MoE layer a prefill chunk reads ahead while a layer computes
+    /// (0: off).
+    pub lookahead: usize,
     /// Stored token streams with their KV caches, for prefix reuse.
     pub max_sessions: usize,
     /// DeltaNet state snapshots each stored session keeps (hybrid models), so that a
@@ -146,6 +149,7 @@ impl Default for Config {
             queue_depth: 8,
             chunk_size: 512,
             spec_depth: 0,
+            lookahead: 0,
             max_sessions: 4,
             state_snapshots: DEFAULT_STATE_SNAPSHOTS,
             max_queue: 16,
@@ -244,6 +248,7 @@ impl Config {
         set(&mut self.queue_depth, &a.queue_depth);
         set(&mut self.chunk_size, &a.chunk_size);
         set(&mut self.spec_depth, &a.spec_depth);
+        set(&mut self.lookahead, &a.lookahead);
         set(&mut self.max_sessions, &a.max_sessions);
         set(&mut self.state_snapshots, &a.state_snapshots);
         set(&mut self.max_queue, &a.max_queue);
@@ -329,6 +334,7 @@ impl Config {
             queue_depth: self.queue_depth,
             chunk_size: self.chunk_size,
             spec_depth: self.spec_depth,
+            lookahead: self.lookahead,
             backend: self.backend_kind()?,
             device: self.device,
             state_snapshots: self.state_snapshots,

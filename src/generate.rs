@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::startup::open_engine;
 use anyhow::{bail, Context, Result};
@@ -11,6 +12,7 @@ use smoe_actors::contract::ForwardPass;
 use smoe_actors::generation::{generate, GenerateRequest};
 use smoe_actors::sampler::SamplingParams;
 use smoe_proto::stats::{SLOT_STATES, VRAM_SLOT_STATES};
+use smoe_proto::RingSnapshot;
 
 use crate::cli::{GenerateArgs, PrefillMode};
 use crate::settings::EngineSettings;
@@ -74,9 +76,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let mut stream_err = None;
     // The process's disk reads (/proc/self/io) at the start, at the first token and at
-    // the end: every read, expert blobs and resident pages alike.
+    // the end: every read, expert blobs and resident pages alike. The ring's counters at
+    // the start and at the first token give the prefill's share of them, over a window
+    // (the TTFT, give or take the snapshots) that brackets both snapshots.
     let io_start = process_read_bytes();
     let mut io_first = None;
+    let window_start = Instant::now();
+    let ring_start = engine.ring.stats();
+    let mut ring_first = None;
     let (reason, stats) = generate(
         &mut fwd,
         &mut kv,
@@ -85,6 +92,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         |id, logits| {
             if ids.is_empty() {
                 io_first = process_read_bytes();
+                ring_first = Some((engine.ring.stats(), Instant::now()));
             }
             ids.push(id);
             if keep_logits {
@@ -120,6 +128,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         eprint!("{p}");
     }
     let ring = engine.ring.stats();
+    let (ring_at_first, first_at) = ring_first.unwrap_or_else(|| (ring.clone(), Instant::now()));
+    let prefill_io = prefill_io(&ring_start, &ring_at_first, first_at - window_start);
     let manifest = engine.vault.manifest();
     let all: Vec<usize> = stats.prefill_unions.iter().flatten().copied().collect();
     let union_mean = if all.is_empty() { 0.0 } else { all.iter().sum::<usize>() as f64 / all.len() as f64 };
@@ -192,6 +202,20 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             }
         });
         v["stats"]["vram"] = vram.unwrap_or(serde_json::Value::Null);
+        let reads = json!({
+            "lookahead": args.engine.lookahead,
+            "lookahead_reads": ring.lookahead_reads,
+            "lookahead_bytes": ring.lookahead_bytes,
+            "lookahead_used": ring.lookahead_used,
+            "lookahead_used_bytes": ring.lookahead_used_bytes,
+            "lookahead_wasted_bytes": ring.lookahead_bytes.saturating_sub(ring.lookahead_used_bytes),
+            "lookahead_cancelled": ring.lookahead_cancelled,
+            "read_busy_ms": ring.read_busy_ns as f64 / 1e6,
+            "prefill_io": prefill_io,
+        });
+        for (key, value) in reads.as_object().into_iter().flatten() {
+            v["stats"][key] = value.clone();
+        }
         writeln!(out, "{v}")?;
     } else if detok.is_none() {
         writeln!(out, "{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))?;
@@ -199,6 +223,28 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         writeln!(out, "{}", d.flush()?)?;
     }
     Ok(())
+}
+
+/// The ring's reads from `start` to `first` (the first token), snapshots taken within a
+/// window of `ttft` (the TTFT, give or take the snapshots): the streamer's busy time and
+/// its share of that window, and what lookahead read, used and wasted.
+fn prefill_io(start: &RingSnapshot, first: &RingSnapshot, ttft: Duration) -> serde_json::Value {
+    let busy_ns = first.read_busy_ns - start.read_busy_ns;
+    let (read, used) = (
+        first.lookahead_bytes - start.lookahead_bytes,
+        first.lookahead_used_bytes - start.lookahead_used_bytes,
+    );
+    json!({
+        "bytes_read": first.bytes_read - start.bytes_read,
+        "read_busy_ms": busy_ns as f64 / 1e6,
+        "read_busy_share": if ttft.is_zero() { 0.0 } else { busy_ns as f64 / ttft.as_nanos() as f64 },
+        "lookahead_reads": first.lookahead_reads - start.lookahead_reads,
+        "lookahead_bytes": read,
+        "lookahead_used": first.lookahead_used - start.lookahead_used,
+        "lookahead_used_bytes": used,
+        "lookahead_wasted_bytes": read.saturating_sub(used),
+        "lookahead_cancelled": first.lookahead_cancelled - start.lookahead_cancelled,
+    })
 }
 
 /// Bytes this process has caused to be read from storage (`read_bytes` of

@@ -69,6 +69,9 @@ pub const QUEUE_DEPTH: Limit = Limit { key: "queue_depth", min: 1, max: 1024 };
 pub const CHUNK_SIZE: Limit = Limit { key: "chunk_size", min: 1, max: 65536 };
 /// Speculative gate ranks per decode token.
 pub const SPEC_DEPTH: Limit = Limit { key: "spec_depth", min: 0, max: 1024 };
+/// Experts of the next MoE layer read ahead per prefill layer (at most every expert a
+/// layer can have: expert ids are 16-bit).
+pub const LOOKAHEAD: Limit = Limit { key: "lookahead", min: 0, max: 65536 };
 /// DeltaNet state snapshots per session (each as large as the session's states).
 pub const STATE_SNAPSHOTS: Limit = Limit { key: "state_snapshots", min: 0, max: 64 };
 
@@ -171,6 +174,8 @@ pub struct EngineSettings {
     pub chunk_size: usize,
     /// Speculative gate ranks per decode token.
     pub spec_depth: usize,
+    /// Experts of the next MoE layer read ahead per prefill layer.
+    pub lookahead: usize,
     /// Compute backend.
     pub backend: BackendKind,
     /// Vulkan device index.
@@ -196,6 +201,7 @@ impl EngineSettings {
         QUEUE_DEPTH.check_usize(self.queue_depth)?;
         CHUNK_SIZE.check_usize(self.chunk_size)?;
         SPEC_DEPTH.check_usize(self.spec_depth)?;
+        LOOKAHEAD.check_usize(self.lookahead)?;
         STATE_SNAPSHOTS.check_usize(self.state_snapshots)?;
         Ok(())
     }
@@ -221,6 +227,7 @@ impl EngineSettings {
             streamer: StreamerOptions { io: self.io, queue_depth: self.queue_depth, fault: None },
             // Unset: what the device can spare beside the sessions' KV caches.
             vram: self.vram_bytes.map_or(VramSize::Auto { sessions }, |b| VramSize::Bytes(b.0)),
+            lookahead: self.lookahead,
         })
     }
 
@@ -264,6 +271,7 @@ impl From<&EngineArgs> for EngineSettings {
             queue_depth: a.queue_depth,
             chunk_size: a.chunk_size,
             spec_depth: a.spec_depth,
+            lookahead: a.lookahead,
             backend: a.backend,
             device: a.device,
             // Serve only (`state_snapshots`); a single session keeps the default.

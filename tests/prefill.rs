@@ -1,6 +1,6 @@
 //! Layer-major prefill: the identity gate (`verify`) on every fixture, the design's
 //! I/O arithmetic (each union expert claimed once per chunk and layer), and
-//! speculative prefetch never changing the arithmetic.
+//! speculative prefetch and lookahead never changing the arithmetic.
 
 mod common;
 
@@ -213,4 +213,60 @@ fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
     let (reason, stats, ids) = generate_ids(&mut fwd, &mut kv, &req).unwrap();
     assert_eq!((reason, stats.prefill_tokens), (FinishReason::Length, prompt.len() - 8));
     assert_eq!(ids, greedy);
+}
+
+#[test]
+fn lookahead_never_changes_a_byte_and_counts_what_it_read() {
+    let dir = tempfile::tempdir().unwrap();
+    // bf16_sharded (16 experts per layer) has dense layers between its MoE layers
+    // (lookahead skips them).
+    for (name, experts) in [("moe_all", 8), ("bf16_sharded", 16)] {
+        let vault = convert(name, dir.path(), &[]);
+        let prompt: Vec<u32> = (0..120).map(|i| (i * 37 % 300) as u32).collect();
+        // Rings with a few slots beside a layer's union (predictions withdrawn, reads
+        // wasted, lookahead and demand competing for slots), and one holding every expert.
+        let (small, layer) = ((experts - 2).to_string(), (experts + experts / 2).to_string());
+        for (chunk, slots) in [("2", small.as_str()), ("16", layer.as_str()), ("64", "10000")] {
+            let run = |lookahead: &str| {
+                let lp = dir.path().join(format!("{name}-{chunk}-{slots}-{lookahead}.safetensors"));
+                let flags = ["--chunk-size", chunk, "--ring-slots", slots, "--lookahead", lookahead];
+                let out = generate_json(&vault, &prompt, 4, &lp, &flags);
+                (out, read_f32(&lp, "logits").1)
+            };
+            let (off, off_logits) = run("0");
+            let (on, on_logits) = run("8");
+            let case = format!("{name}, chunk {chunk}, {slots} slots");
+            assert_eq!(off["token_ids"], on["token_ids"], "{case}");
+            let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&off_logits) == bits(&on_logits), "{case}: lookahead changed the logits");
+            let (s, s0) = (&on["stats"], &off["stats"]);
+            let n = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap();
+            assert_eq!(
+                n(s0, "lookahead_reads") + n(s0, "lookahead_bytes"),
+                0,
+                "{case}: off reads nothing ahead"
+            );
+            assert!(n(s, "lookahead_reads") > 0, "{case}: {s}");
+            assert!(n(s, "lookahead_used_bytes") <= n(s, "lookahead_bytes"), "{case}: {s}");
+            assert_eq!(
+                n(s, "lookahead_wasted_bytes"),
+                n(s, "lookahead_bytes") - n(s, "lookahead_used_bytes"),
+                "{case}"
+            );
+            let io = &s["prefill_io"];
+            let share = io["read_busy_share"].as_f64().unwrap();
+            assert!(share > 0.0 && share <= 1.0, "{case}: the disk is busy for part of the TTFT: {io}");
+            if slots == "10000" {
+                // The first chunk's next layers were read ahead in full, into an empty
+                // ring, and the chunk's unions used them.
+                assert!(n(io, "lookahead_used") > 0, "{case}: {io}");
+            }
+        }
+        // Bad values are refused with the key, the flag and the range named.
+        let v = vault.to_str().unwrap();
+        let err = run_err(&["generate", "--vault", v, "--prompt-ids", "1,2", "--lookahead", "65537"]);
+        assert!(err.contains("`lookahead` (--lookahead): must be between 0 and 65536, got 65537"), "{err}");
+        let err = run_err(&["generate", "--vault", v, "--prompt-ids", "1,2", "--lookahead=-3"]);
+        assert!(err.contains("--lookahead"), "{err}");
+    }
 }

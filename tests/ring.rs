@@ -19,7 +19,7 @@ use smoe_actors::ring::memory::HostAllocator;
 use smoe_actors::ring::slots::{CONSUMED, EMPTY, LOADING, READY};
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::{FaultInjector, FaultKind, IoChoice, StreamerOptions};
-use smoe_proto::{ExpertKey, ExpertSource};
+use smoe_proto::{ExpertKey, ExpertSource, Lookahead};
 
 const IO_PATHS: [(&str, IoChoice); 2] = [("pread", IoChoice::Pread), ("io-uring", IoChoice::IoUring)];
 
@@ -81,7 +81,7 @@ fn concurrent_claims_loads_and_evictions_keep_the_invariants() {
                                 "{name}: {key} bytes changed while referenced"
                             );
                         };
-                        match rng.random_range(0..4) {
+                        match rng.random_range(0..6) {
                             0 | 1 => {
                                 if rng.random_bool(0.5) {
                                     ring.announce(key);
@@ -98,6 +98,14 @@ fn concurrent_claims_loads_and_evictions_keep_the_invariants() {
                             }
                             2 => {
                                 ring.bet(key);
+                            }
+                            3 => {
+                                ring.lookahead(key);
+                            }
+                            4 => {
+                                if ring.lookahead(key) == Lookahead::Queued {
+                                    ring.withdraw_lookahead(key);
+                                }
                             }
                             _ => {
                                 if ring.announce(key) {
@@ -132,7 +140,9 @@ fn concurrent_claims_loads_and_evictions_keep_the_invariants() {
         assert_eq!(s.slots[EMPTY as usize] + s.slots[READY as usize] + s.slots[CONSUMED as usize], 5);
         let blob = engine.vault.manifest().experts.layers[0].layout.blob_len;
         assert_eq!(s.bytes_read, s.blob_reads * blob, "{name}");
-        assert!(s.misses + s.bets_used <= s.blob_reads, "{name}: {s:?}");
+        assert!(s.misses + s.bets_used + s.lookahead_used <= s.blob_reads, "{name}: {s:?}");
+        assert!(s.lookahead_used_bytes <= s.lookahead_bytes, "{name}: {s:?}");
+        assert_eq!(s.lookahead_bytes, s.lookahead_reads * blob, "{name}: every lookahead read landed: {s:?}");
         assert!(s.bets_used <= s.bets_issued && s.evictions <= s.blob_reads, "{name}: {s:?}");
         assert!(s.evictions >= s.blob_reads - 5, "{name}: every read beyond the slot count evicts: {s:?}");
         assert_eq!(s.read_errors, 0);
@@ -363,4 +373,68 @@ fn warmup_runs_the_request_once_so_the_measured_run_finds_its_experts_in_the_rin
     assert_eq!(reads(&warm, "prefill_blob_reads") + reads(&warm, "decode_blob_reads"), 0, "{warm}");
     assert_eq!(cold["token_ids"], warm["token_ids"]);
     assert_eq!(read_f32(&cold_l, "logits").1, read_f32(&warm_l, "logits").1, "a warm ring changes no byte");
+}
+
+/// Waits until no read is in flight.
+fn settle(engine: &Engine) {
+    for _ in 0..2000 {
+        if engine.ring.stats().slots[LOADING as usize] == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    panic!("reads still in flight");
+}
+
+#[test]
+fn lookahead_takes_only_idle_slots_and_counts_used_and_wasted_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    for (name, io) in IO_PATHS {
+        let engine = open(&vault, 6, io, None);
+        let ring = &engine.ring;
+        let blob = engine.vault.manifest().experts.layers[0].layout.blob_len;
+        let key = |l: usize, e: usize| ExpertKey::new(l, e);
+        // Layer 0 announces 4 experts (as a routed layer does): 2 of the 6 slots stay idle.
+        for e in 0..4 {
+            assert!(ring.announce(key(0, e)), "{name}");
+        }
+        let ahead: Vec<Lookahead> = (0..8).map(|e| ring.lookahead(key(1, e))).collect();
+        assert_eq!(&ahead[..3], [Lookahead::Queued, Lookahead::Queued, Lookahead::Refused], "{name}");
+        assert_eq!(ring.lookahead(key(1, 0)), Lookahead::Resident, "{name}: already on its way");
+        settle(&engine);
+        // The announced experts were never evicted: their claims are the misses that read them.
+        let held: Vec<_> = (0..4).map(|e| ring.claim(key(0, e)).unwrap()).collect();
+        assert!(held.iter().all(|h| !h.info().hit), "{name}");
+        assert_eq!(ring.stats().evictions, 0, "{name}");
+        drop(held);
+        // Layer 0 is idle now: a lookahead for layer 2 takes its 4 slots, but neither
+        // layer 1's unclaimed lookahead reads nor (for layer 1) a slot of layer 1.
+        let ahead: Vec<Lookahead> = (0..6).map(|e| ring.lookahead(key(2, e))).collect();
+        assert_eq!(ahead.iter().filter(|&&a| a == Lookahead::Queued).count(), 4, "{name}: {ahead:?}");
+        assert_eq!(ahead[4], Lookahead::Refused, "{name}");
+        assert_eq!(
+            ring.lookahead(key(1, 5)),
+            Lookahead::Refused,
+            "{name}: only layers 1 and 2's reads are left"
+        );
+        settle(&engine);
+        ring.check_invariants(true).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Layer 1 routes to expert 0 only: it is a hit; expert 1 is withdrawn (read already,
+        // so wasted) and becomes the first slot a miss evicts.
+        let h = ring.claim(key(1, 0)).unwrap();
+        assert!(h.info().hit && h.info().bytes == 0, "{name}");
+        drop(h);
+        ring.withdraw_lookahead(key(1, 1));
+        ring.withdraw_lookahead(key(1, 0)); // claimed already: nothing happens
+        drop(ring.claim(key(0, 7)).unwrap());
+        assert_eq!(ring.lookahead(key(1, 0)), Lookahead::Resident, "{name}: the claimed read stays");
+        assert!(!ring.claim(key(1, 1)).unwrap().info().hit, "{name}: the wasted read went first");
+        settle(&engine);
+        let s = ring.stats();
+        assert_eq!((s.lookahead_reads, s.lookahead_used, s.lookahead_cancelled), (6, 1, 0), "{name}: {s:?}");
+        assert_eq!((s.lookahead_bytes, s.lookahead_used_bytes), (6 * blob, blob), "{name}: {s:?}");
+        assert!(s.read_busy_ns > 0, "{name}: {s:?}");
+        ring.check_invariants(true).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
 }

@@ -60,6 +60,9 @@ fn out_of_range_values_are_refused_by_name() {
         ("max_connections = 0\n", "`max_connections` (--max-connections)"),
         ("state_snapshots = 65\n", "`state_snapshots` (--state-snapshots): must be between 0 and 64, got 65"),
         ("state_snapshots = -1\n", "key `state_snapshots`"),
+        ("lookahead = 65537\n", "`lookahead` (--lookahead): must be between 0 and 65536, got 65537"),
+        ("lookahead = -1\n", "key `lookahead`"),
+        ("lookahead = \"all\"\n", "key `lookahead`"),
         ("[sampling]\ntop_p = 1.5\n", "`sampling.top_p`"),
     ] {
         let err = refused(toml, &[]);
@@ -72,6 +75,8 @@ fn out_of_range_values_are_refused_by_name() {
     assert!(err.contains("`queue_depth` (--queue-depth)"), "{err}");
     let err = refused("", &["--state-snapshots", "1000"]);
     assert!(err.contains("`state_snapshots` (--state-snapshots)"), "{err}");
+    let err = refused("", &["--lookahead", "100000"]);
+    assert!(err.contains("`lookahead` (--lookahead)"), "{err}");
     let err = refused("chunk_size = [1\n", &[]);
     assert!(err.contains("TOML parse error"), "{err}");
 }

@@ -1,6 +1,6 @@
 //! The engine on the Vulkan backend: the fixtures' greedy ids, logits against the CPU
 //! backend (and transformers) within a measured tolerance, and layer-major blocks
-//! byte-identical to token-serial replay on the same backend.
+//! byte-identical to token-serial replay on the same backend, with lookahead on or off.
 #![cfg(feature = "vulkan")]
 
 mod common;
@@ -358,4 +358,30 @@ fn vulkan_bad_input_is_an_error_not_a_panic() {
     let err = fwd.forward(&mut kv, &[1; 5], true).unwrap_err().to_string();
     assert!(err.contains("block of 5 tokens"), "{err}");
     assert!(VulkanContext::new(999).err().unwrap().to_string().contains("--backend cpu"));
+}
+
+#[test]
+fn vulkan_lookahead_never_changes_a_byte() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 37 % 400) as u32).collect();
+    // A ring that cannot hold a layer's experts beside the next one's, and one holding all.
+    for slots in [6, 64] {
+        let run = |lookahead: usize| {
+            let (engine, mut fwd) = open_with(&ctx, &vault, &EngineOptions { lookahead, ..opts(slots) }, 16);
+            let (ids, rows) = run_greedy(&mut fwd, &prompt, 4, 16);
+            (ids, rows, engine.ring.stats())
+        };
+        let (ids, rows, off) = run(0);
+        let (la_ids, la_rows, on) = run(8);
+        assert_eq!(ids, la_ids, "{slots} slots");
+        let bits = |r: &[Vec<f32>]| r.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&rows) == bits(&la_rows), "{slots} slots: lookahead changed the logits");
+        assert_eq!(off.lookahead_reads, 0);
+        assert!(on.lookahead_reads > 0 && on.lookahead_used_bytes <= on.lookahead_bytes, "{on:?}");
+        if slots == 64 {
+            assert!(on.lookahead_used > 0, "{on:?}");
+        }
+    }
 }

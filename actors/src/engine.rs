@@ -48,6 +48,9 @@ pub struct EngineOptions {
     pub streamer: StreamerOptions,
     /// The VRAM tier of a Vulkan pass (the CPU backend has none).
     pub vram: VramSize,
+    /// Experts of the next MoE layer a prefill block reads ahead while a layer computes
+    /// (0: off); see [`crate::executor::moe::MoeStep::set_lookahead`].
+    pub lookahead: usize,
 }
 
 impl Default for EngineOptions {
@@ -58,6 +61,7 @@ impl Default for EngineOptions {
             ring: RingSize::Bytes(DEFAULT_RING_BYTES),
             streamer: StreamerOptions::default(),
             vram: VramSize::Auto { sessions: 1 },
+            lookahead: 0,
         }
     }
 }
@@ -81,6 +85,8 @@ pub struct Engine {
     pub model: Arc<Model>,
     /// The ring cache all forward passes share.
     pub ring: Arc<RingCache>,
+    /// Experts of the next MoE layer the engine's passes read ahead (0: off).
+    pub lookahead: usize,
 }
 
 impl Engine {
@@ -99,6 +105,6 @@ impl Engine {
             allocator,
             &RingOptions { size: opts.ring, streamer: opts.streamer.clone() },
         )?);
-        Ok(Engine { vault, model, ring })
+        Ok(Engine { vault, model, ring, lookahead: opts.lookahead })
     }
 }

@@ -123,4 +123,27 @@ pub trait ExpertSource: Send + Sync {
     /// Gives back the reference of an announced expert that will not be claimed (for
     /// example when the computation failed part-way).
     fn withdraw(&self, _key: ExpertKey) {}
+
+    /// Queues a low-priority read of `key` ahead of its layer's routing (a prediction
+    /// that the layer will route to it), into a slot no claim needs now. Never delays
+    /// demand reads and never changes what `claim` returns; sources that read
+    /// synchronously refuse.
+    fn lookahead(&self, _key: ExpertKey) -> Lookahead {
+        Lookahead::Refused
+    }
+
+    /// Withdraws the lookahead read of `key`: its layer was routed without it (or will
+    /// not be routed). A read not started yet is dropped.
+    fn withdraw_lookahead(&self, _key: ExpertKey) {}
+}
+
+/// What became of a lookahead read ([`ExpertSource::lookahead`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookahead {
+    /// The read was queued.
+    Queued,
+    /// The expert is present or on its way already: nothing to read.
+    Resident,
+    /// No slot may be taken for it now (nor, this layer, for any other).
+    Refused,
 }

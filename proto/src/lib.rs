@@ -16,7 +16,7 @@ pub mod vault_format;
 
 pub use error::VaultError;
 pub use ggml::GgmlType;
-pub use handle::{ExpertHandle, ExpertKey, ExpertSource, SlotOwner};
+pub use handle::{ExpertHandle, ExpertKey, ExpertSource, Lookahead, SlotOwner};
 pub use job::{FinishReason, GenerateStats, JobEvent, JobFailure};
 pub use messages::{ClaimEvent, ClaimInfo, ClaimTally, Priority, ReadRequest};
 pub use model_config::{HybridConfig, LayerType, ModelConfig};

@@ -18,6 +18,13 @@ pub const RING_SLOTS: &str = "smoe_ring_slots";
 pub const SPEC_BETS: &str = "smoe_spec_bets_total";
 /// Counter: speculative expert reads that a claim later used.
 pub const SPEC_BETS_USED: &str = "smoe_spec_bets_used_total";
+/// Counter: bytes read ahead for the next MoE layer of a prefill block (`lookahead`).
+pub const LOOKAHEAD_BYTES: &str = "smoe_lookahead_bytes_total";
+/// Counter: lookahead reads that a claim used.
+pub const LOOKAHEAD_USED: &str = "smoe_lookahead_used_total";
+/// Counter: bytes of the lookahead reads that a claim used (the rest of
+/// [`LOOKAHEAD_BYTES`] was wasted).
+pub const LOOKAHEAD_USED_BYTES: &str = "smoe_lookahead_used_bytes_total";
 
 // The Vulkan backend's VRAM tier (device-memory copies of experts).
 
@@ -44,6 +51,10 @@ pub const BLOB_READS: &str = "smoe_blob_reads_total";
 pub const READ_ERRORS: &str = "smoe_read_errors_total";
 /// Histogram: seconds of one expert blob read.
 pub const READ_LATENCY_SECONDS: &str = "smoe_read_latency_seconds";
+/// Counter: microseconds during which at least one expert read was in flight (the
+/// disk's busy time as the streamer sees it; a counter of whole microseconds, since
+/// counters count integers).
+pub const READ_BUSY_MICROSECONDS: &str = "smoe_read_busy_microseconds_total";
 /// Gauge: reads waiting in the streamer's queues; label [`LABEL_QUEUE`], one of
 /// [`IO_QUEUES`](crate::stats::IO_QUEUES).
 pub const IO_QUEUE_DEPTH: &str = "smoe_io_queue_depth";

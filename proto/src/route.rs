@@ -122,6 +122,11 @@ impl RouteJob {
         &self.union
     }
 
+    /// Whether expert `e` is in the union.
+    pub fn in_union(&self, e: u16) -> bool {
+        self.in_union.get(e as usize).copied().unwrap_or(false)
+    }
+
     /// How many leading union members were announced to the expert source (announcing
     /// stops at the first refusal, so claims in union order never wait on a slot that
     /// a later announcement pins).
@@ -144,12 +149,6 @@ impl RouteJob {
     /// The token-major pair indices `t·k + r` routed to union member `ui`, ascending.
     pub fn pairs_of(&self, ui: usize) -> &[u32] {
         &self.pairs[self.seg_start[ui] as usize..self.seg_start[ui + 1] as usize]
-    }
-
-    /// The announced union members after member `ui` (withdrawn when claiming member
-    /// `ui` failed).
-    pub fn announced_after(&self, ui: usize) -> &[u16] {
-        &self.union[(ui + 1).min(self.announced)..self.announced]
     }
 
     /// A single-token step's bets: its gate ranks k+1..k+N (empty for a block), to be

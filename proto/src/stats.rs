@@ -51,8 +51,23 @@ pub struct RingSnapshot {
     pub bets_used: u64,
     /// Bytes read speculatively.
     pub bet_bytes: u64,
+    /// Lookahead reads issued (reads for the next layer of a prefill block, ahead of
+    /// its routing), less those withdrawn before they started.
+    pub lookahead_reads: u64,
+    /// Bytes read by lookahead reads.
+    pub lookahead_bytes: u64,
+    /// Lookahead reads a claim then used.
+    pub lookahead_used: u64,
+    /// Bytes of the lookahead reads a claim used (`lookahead_bytes` less this is
+    /// wasted, or not yet used).
+    pub lookahead_used_bytes: u64,
+    /// Lookahead reads withdrawn before they started (nothing read).
+    pub lookahead_cancelled: u64,
     /// Reads that failed (I/O error, short read, checksum).
     pub read_errors: u64,
+    /// Nanoseconds during which at least one read was in flight (the streamer's busy
+    /// time: from taking a request off its queue to handing back the verified blob).
+    pub read_busy_ns: u64,
     /// Slots per state, indexed as [`SLOT_STATES`].
     pub slots: [u64; 4],
     /// Reads waiting per queue, indexed as [`IO_QUEUES`].

@@ -108,7 +108,7 @@ async fn serve(config: Config) -> Result<()> {
     let cfg = &engine.model.cfg;
     tracing::info!(
         "vault {}: {} layers, {} experts ({} per token, {} per read), vocabulary {}, backend {} (device {}), \
-         ring {} ({}), io {}, max_context {}, chunk_size {}, spec_depth {}; chat template: {}; weights: {}",
+         ring {} ({}), io {}, max_context {}, chunk_size {}, spec_depth {}, lookahead {}; chat template: {}; weights: {}",
         vault.display(),
         cfg.num_hidden_layers,
         cfg.num_experts,
@@ -123,6 +123,7 @@ async fn serve(config: Config) -> Result<()> {
         engine.model.max_context,
         config.chunk_size,
         config.spec_depth,
+        config.lookahead,
         template.origin,
         manifest.format_summary()
     );

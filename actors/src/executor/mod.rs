@@ -3,6 +3,7 @@
 //! slot memory comes from that backend's allocator. [`moe`] is the MoE step every
 //! backend shares; [`Pass`] is the model definition over one backend.
 
+mod lookahead;
 pub mod moe;
 mod pass;
 mod profile;
@@ -61,10 +62,14 @@ pub enum ExecutorError {
 /// The model definition on the CPU backend.
 pub type CpuPass = Pass<CpuBackend>;
 
-/// A CPU pass over `engine`'s model and ring for blocks of up to `max_rows` tokens.
+/// A CPU pass over `engine`'s model and ring for blocks of up to `max_rows` tokens,
+/// reading ahead as the engine says.
 pub fn cpu_pass(engine: &Engine, max_rows: usize) -> CpuPass {
     let backend = CpuBackend::new(engine.model.clone(), max_rows);
-    Pass::new(backend, engine.model.clone(), engine.ring.clone(), max_rows, engine.ring.layer_slots())
+    let mut pass =
+        Pass::new(backend, engine.model.clone(), engine.ring.clone(), max_rows, engine.ring.layer_slots());
+    pass.moe_mut().set_lookahead(engine.lookahead);
+    pass
 }
 
 /// A forward pass on the chosen backend.

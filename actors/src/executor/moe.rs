@@ -1,13 +1,17 @@
 //! The MoE step, once for every backend: route the block through the router stage;
 //! claim the union from the ring in union order (in waves when the ring cannot hold the
-//! whole union at once), handing the claimed blobs to the backend in its batches; count
+//! whole union at once, each wave's reads announced together as the previous wave's
+//! slots are released), handing the claimed blobs to the backend in its batches; count
 //! and trace every claim; withdraw the rest of the announcements when a claim fails;
 //! combine the expert outputs; then queue a decode step's bets and record the union.
+//! A prefill block's layer, once routed, also reads ahead for the next MoE layer
+//! ([`Lookahead`]).
 
 use std::sync::Arc;
 
 use smoe_proto::{ClaimEvent, ClaimInfo, ClaimTally, ExpertHandle, ExpertKey, ExpertSource, RouteJob};
 
+use super::lookahead::Lookahead;
 use crate::contract::{Backend, Flush, ForwardError};
 use crate::model::Model;
 use crate::router::Router;
@@ -25,6 +29,7 @@ pub struct MoeStep {
     on_device: bool,
     /// Per decoder layer, the experts a device-routed pass ranked (top-k, then bets).
     device_ranks: Vec<Vec<u16>>,
+    lookahead: Lookahead,
 }
 
 /// The claim side of the step: the handles the backend may still read, and the claim
@@ -37,6 +42,8 @@ struct Claims {
     /// Claimed blobs the backend may still read, from union position `held_from` on.
     handles: Vec<ExpertHandle>,
     held_from: usize,
+    /// Union positions `..announced` hold an announcement (until claimed).
+    announced: usize,
     tally: ClaimTally,
     trace: Option<Vec<ClaimEvent>>,
 }
@@ -60,6 +67,7 @@ impl MoeStep {
                 hold_limits,
                 handles: Vec::with_capacity(c.num_experts),
                 held_from: 0,
+                announced: 0,
                 tally: ClaimTally::default(),
                 trace: None,
             },
@@ -68,6 +76,7 @@ impl MoeStep {
             k: c.num_experts_per_tok.clamp(1, c.num_experts.max(1)),
             on_device: false,
             device_ranks: vec![Vec::new(); c.num_hidden_layers],
+            lookahead: Lookahead::new(model),
         }
     }
 
@@ -89,6 +98,12 @@ impl MoeStep {
     /// Gate ranks beyond top-k that a single-token step queues as bets (0 disables).
     pub fn set_spec_depth(&mut self, depth: usize) {
         self.spec_depth = depth;
+    }
+
+    /// Sets the experts of the next MoE layer a prefill block reads ahead while a layer
+    /// computes (0 turns lookahead off).
+    pub fn set_lookahead(&mut self, depth: usize) {
+        self.lookahead.set_depth(depth);
     }
 
     /// Starts recording every claim.
@@ -140,6 +155,7 @@ impl MoeStep {
     /// blob is read any more.
     pub fn end_pass(&mut self) {
         self.claims.handles.clear();
+        self.lookahead.withdraw(self.claims.experts.as_ref());
     }
 
     /// Runs the MoE block of decoder layer `l` (router gate `gate`) for the `m` rows of
@@ -167,8 +183,10 @@ impl MoeStep {
         let job: &RouteJob = job;
         let n = job.union().len();
         let claims = &mut self.claims;
+        self.lookahead.routed(claims.experts.as_ref(), job, m);
         if let Err(e) = claims.claim_union(b, job, l, start, m) {
-            for &e in job.announced_after(claims.held_from + claims.handles.len()) {
+            let failed = claims.held_from + claims.handles.len();
+            for &e in &job.union()[(failed + 1).min(claims.announced)..claims.announced] {
                 claims.experts.withdraw(ExpertKey::new(l, e as usize));
             }
             b.abandon();
@@ -198,18 +216,29 @@ impl Claims {
         start: usize,
         m: usize,
     ) -> Result<(), ForwardError> {
-        let (n, announced) = (job.union().len(), job.announced());
+        let n = job.union().len();
         let batch = b.expert_batch(m).max(1);
         self.held_from = 0;
+        self.announced = job.announced();
         // First union position not yet handed to the backend.
         let mut first = 0;
         for ui in 0..n {
-            if ui >= announced && self.handles.len() >= self.hold_limits.get(l).copied().unwrap_or(1).max(1) {
+            if ui >= self.announced
+                && self.handles.len() >= self.hold_limits.get(l).copied().unwrap_or(1).max(1)
+            {
                 // A wave: the ring could not take another claim while all our handles
                 // are alive, so the batch so far runs to completion and they go first.
                 b.experts(l, job, first, &self.handles[first - self.held_from..], Flush::Wait)?;
                 self.release(ui);
                 first = ui;
+                // The next wave's reads start together (not one claim at a time):
+                // announce ahead until the ring refuses.
+                self.announced = ui;
+                while self.announced < n
+                    && self.experts.announce(ExpertKey::new(l, job.union()[self.announced] as usize))
+                {
+                    self.announced += 1;
+                }
             } else if ui > first && ui % batch == 0 {
                 if b.experts(l, job, first, &self.handles[first - self.held_from..], Flush::Overlap)? {
                     self.release(ui);

@@ -16,6 +16,7 @@
 
 pub mod budget;
 pub mod classes;
+mod lookahead;
 pub mod memory;
 mod publish;
 pub mod slots;
@@ -28,13 +29,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use smoe_proto::metric_names::{
-    BLOB_READS, READ_BYTES, READ_ERRORS, READ_LATENCY_SECONDS, RING_EVICTIONS, RING_HITS, RING_MISSES,
-    SPEC_BETS, SPEC_BETS_USED,
+    BLOB_READS, LOOKAHEAD_BYTES, LOOKAHEAD_USED, LOOKAHEAD_USED_BYTES, READ_BYTES, READ_ERRORS,
+    READ_LATENCY_SECONDS, RING_EVICTIONS, RING_HITS, RING_MISSES, SPEC_BETS, SPEC_BETS_USED,
 };
 use smoe_proto::stats::SLOT_STATES;
 use smoe_proto::{
-    ClaimInfo, ExpertHandle, ExpertKey, ExpertSource, Priority, ReadRequest, RingSnapshot, SlotOwner,
-    VaultError,
+    ClaimInfo, ExpertHandle, ExpertKey, ExpertSource, Lookahead, Priority, ReadRequest, RingSnapshot,
+    SlotOwner, VaultError,
 };
 
 use crate::streamer::{IoMode, LoadSink, Streamer, StreamerError, StreamerOptions};
@@ -55,6 +56,11 @@ struct Counters {
     bets_issued: AtomicU64,
     bets_used: AtomicU64,
     bet_bytes: AtomicU64,
+    lookahead_reads: AtomicU64,
+    lookahead_bytes: AtomicU64,
+    lookahead_used: AtomicU64,
+    lookahead_used_bytes: AtomicU64,
+    lookahead_cancelled: AtomicU64,
     read_errors: AtomicU64,
 }
 
@@ -142,13 +148,15 @@ impl Shared {
 
     /// Under the allocation lock: among the slots of `key`'s size class, an EMPTY idle
     /// slot, else the least recently used idle READY/CONSUMED slot, marked RECYCLING.
-    /// `None` when every slot of the class is referenced or loading.
-    fn pick_victim(&self, _guard: &MutexGuard<'_, ()>, key: ExpertKey) -> Option<u32> {
+    /// `None` when every slot of the class is referenced or loading. A read ahead
+    /// (`lookahead`) spares, besides, the slots of its own layer and every unclaimed
+    /// lookahead read.
+    fn pick_victim(&self, _guard: &MutexGuard<'_, ()>, key: ExpertKey, lookahead: bool) -> Option<u32> {
         let range = self.classes[self.layer_class[key.layer as usize] as usize].range();
         loop {
             let mut best: Option<(u64, u32)> = None;
             for (i, s) in self.slots.iter().enumerate().skip(range.start).take(range.len()) {
-                if s.refs.load(Ordering::Acquire) != 0 {
+                if s.refs.load(Ordering::Acquire) != 0 || (lookahead && self.spared_by_lookahead(s, key)) {
                     continue;
                 }
                 let st = s.state.load(Ordering::Acquire);
@@ -259,9 +267,15 @@ impl LoadSink for Shared {
                 self.c.blob_reads.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(READ_BYTES).increment(n);
                 metrics::counter!(BLOB_READS).increment(1);
-                if req.priority == Priority::Speculative && slot.origin.load(Ordering::Acquire) == ORIGIN_BET
-                {
-                    self.c.bet_bytes.fetch_add(n, Ordering::Relaxed);
+                match slot.origin.load(Ordering::Acquire) {
+                    ORIGIN_BET if req.priority == Priority::Speculative => {
+                        self.c.bet_bytes.fetch_add(n, Ordering::Relaxed);
+                    }
+                    ORIGIN_LOOKAHEAD | ORIGIN_WASTED => {
+                        self.c.lookahead_bytes.fetch_add(n, Ordering::Relaxed);
+                        metrics::counter!(LOOKAHEAD_BYTES).increment(n);
+                    }
+                    _ => {}
                 }
                 slot.transition(LOADING, READY);
             }
@@ -460,7 +474,13 @@ impl RingCache {
             bets_issued: r(&c.bets_issued),
             bets_used: r(&c.bets_used),
             bet_bytes: r(&c.bet_bytes),
+            lookahead_reads: r(&c.lookahead_reads),
+            lookahead_bytes: r(&c.lookahead_bytes),
+            lookahead_used: r(&c.lookahead_used),
+            lookahead_used_bytes: r(&c.lookahead_used_bytes),
+            lookahead_cancelled: r(&c.lookahead_cancelled),
             read_errors: r(&c.read_errors),
+            read_busy_ns: self.streamer.busy_time().as_nanos() as u64,
             slots,
             io_queue_depth: [demand as u64, speculative as u64],
         }
@@ -528,7 +548,7 @@ impl RingCache {
         if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
             return false;
         }
-        let Some(idx) = sh.pick_victim(&g, key) else { return false };
+        let Some(idx) = sh.pick_victim(&g, key, false) else { return false };
         sh.assign(&g, idx, key, 0, ORIGIN_BET);
         drop(g);
         sh.c.bets_issued.fetch_add(1, Ordering::Relaxed);
@@ -544,7 +564,10 @@ impl RingCache {
         loop {
             if let Some(idx) = sh.try_ref(key) {
                 sh.slots[idx as usize].tick.store(sh.tick(), Ordering::Relaxed);
-                if sh.slots[idx as usize].origin.load(Ordering::Acquire) == ORIGIN_BET {
+                if matches!(
+                    sh.slots[idx as usize].origin.load(Ordering::Acquire),
+                    ORIGIN_BET | ORIGIN_LOOKAHEAD
+                ) {
                     self.streamer.promote(idx);
                 }
                 return Some(idx);
@@ -553,7 +576,7 @@ impl RingCache {
             if sh.lookup[sh.index(key)].load(Ordering::Acquire) != NO_SLOT {
                 continue; // raced with another loader: take a reference to its slot
             }
-            if let Some(idx) = sh.pick_victim(&g, key) {
+            if let Some(idx) = sh.pick_victim(&g, key, false) {
                 sh.assign(&g, idx, key, 1, ORIGIN_DEMAND);
                 drop(g);
                 self.streamer.submit(ReadRequest { slot: idx, key, priority: Priority::Demand });
@@ -601,6 +624,14 @@ impl ExpertSource for RingCache {
                 ClaimInfo { hit: false, bytes: sh.blob_len[key.layer as usize] as u64, bet_used: false }
             }
             ORIGIN_BET => ClaimInfo { hit: true, bytes: 0, bet_used: true },
+            ORIGIN_LOOKAHEAD => {
+                let n = sh.blob_len[key.layer as usize] as u64;
+                sh.c.lookahead_used.fetch_add(1, Ordering::Relaxed);
+                sh.c.lookahead_used_bytes.fetch_add(n, Ordering::Relaxed);
+                metrics::counter!(LOOKAHEAD_USED).increment(1);
+                metrics::counter!(LOOKAHEAD_USED_BYTES).increment(n);
+                ClaimInfo { hit: true, bytes: 0, bet_used: false }
+            }
             _ => ClaimInfo { hit: true, bytes: 0, bet_used: false },
         };
         if info.hit {
@@ -634,6 +665,14 @@ impl ExpertSource for RingCache {
 
     fn prefetch(&self, key: ExpertKey) {
         self.bet(key);
+    }
+
+    fn lookahead(&self, key: ExpertKey) -> Lookahead {
+        self.read_ahead(key)
+    }
+
+    fn withdraw_lookahead(&self, key: ExpertKey) {
+        self.drop_lookahead(key);
     }
 
     fn withdraw(&self, key: ExpertKey) {

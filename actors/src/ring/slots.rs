@@ -33,6 +33,13 @@ pub const ORIGIN_RETAINED: u8 = 0;
 pub const ORIGIN_DEMAND: u8 = 1;
 /// Read as a speculative bet; the first claim counts as a used bet.
 pub const ORIGIN_BET: u8 = 2;
+/// Read ahead for the next layer of a prefill block; the first claim counts as used
+/// lookahead. Until then no other lookahead read may evict it.
+pub const ORIGIN_LOOKAHEAD: u8 = 3;
+/// Read ahead for a layer whose routing then did not choose it (withdrawn while its
+/// read was in flight or done): a claim counts as a plain hit, and its bytes as wasted
+/// lookahead.
+pub const ORIGIN_WASTED: u8 = 4;
 
 /// Packs a key into the slot's atomic identity word.
 pub fn pack(key: ExpertKey) -> u32 {

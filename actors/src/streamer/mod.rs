@@ -8,6 +8,7 @@
 //! The streamer is an actor on its own threads: it owns the io_uring instance and the
 //! open files and receives typed [`ReadRequest`] messages through its queue.
 
+mod busy;
 mod pread;
 pub mod queue;
 mod uring;
@@ -257,6 +258,17 @@ impl Streamer {
     /// Promotes a queued speculative read into `slot` to demand.
     pub fn promote(&self, slot: u32) {
         self.queue.promote(slot);
+    }
+
+    /// Drops the queued speculative read into `slot`; false when it has started (or
+    /// there is none).
+    pub fn cancel(&self, slot: u32) -> bool {
+        self.queue.cancel(slot)
+    }
+
+    /// Time during which at least one read was in flight, since start.
+    pub fn busy_time(&self) -> std::time::Duration {
+        self.queue.busy_time()
     }
 
     /// The I/O path in use.

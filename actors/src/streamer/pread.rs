@@ -20,5 +20,6 @@ pub(super) fn run(queue: &IoQueue, files: &BlobFiles, sink: &dyn LoadSink, fault
             finish_read(req.key, &loc, got, slot, fault)
         });
         sink.complete(req, result, started.elapsed());
+        queue.done();
     }
 }

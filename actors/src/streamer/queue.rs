@@ -1,11 +1,14 @@
 //! The streamer's two queues: demand reads are always taken before speculative ones,
-//! and a queued speculative read can be promoted to demand when its expert becomes
-//! needed (it is moved, never read twice).
+//! a queued speculative read can be promoted to demand when its expert becomes needed
+//! (it is moved, never read twice) or cancelled when it is not. The queue also keeps the
+//! streamer's busy time: a read is in flight from leaving the queue to [`IoQueue::done`].
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
 
 use smoe_proto::{Priority, ReadRequest};
+
+use super::busy::BusyClock;
 
 #[derive(Default)]
 struct Queues {
@@ -19,6 +22,7 @@ struct Queues {
 pub struct IoQueue {
     q: Mutex<Queues>,
     cv: Condvar,
+    busy: BusyClock,
 }
 
 impl IoQueue {
@@ -48,13 +52,36 @@ impl IoQueue {
         }
     }
 
-    fn take(q: &mut Queues) -> Option<ReadRequest> {
-        q.demand.pop_front().or_else(|| q.speculative.pop_front())
+    /// Removes the queued speculative read into `slot`; false when there is none (it
+    /// has started, or was never queued).
+    pub fn cancel(&self, slot: u32) -> bool {
+        let mut q = self.lock();
+        match q.speculative.iter().position(|r| r.slot == slot) {
+            Some(i) => q.speculative.remove(i).is_some(),
+            None => false,
+        }
+    }
+
+    /// The next request, which is in flight from now on.
+    fn take(&self, q: &mut Queues) -> Option<ReadRequest> {
+        let r = q.demand.pop_front().or_else(|| q.speculative.pop_front())?;
+        self.busy.begin();
+        Some(r)
     }
 
     /// The next request without waiting.
     pub fn try_pop(&self) -> Option<ReadRequest> {
-        Self::take(&mut self.lock())
+        self.take(&mut self.lock())
+    }
+
+    /// A request taken off the queue has been handed back (done or failed).
+    pub fn done(&self) {
+        self.busy.end();
+    }
+
+    /// Time during which at least one request was in flight.
+    pub fn busy_time(&self) -> std::time::Duration {
+        self.busy.total()
     }
 
     /// The next request, waiting for one; `None` once shut down.
@@ -64,7 +91,7 @@ impl IoQueue {
             if q.shutdown {
                 return None;
             }
-            if let Some(r) = Self::take(&mut q) {
+            if let Some(r) = self.take(&mut q) {
                 return Some(r);
             }
             q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());

@@ -59,8 +59,10 @@ impl UringWorker {
         Some(slot as u16)
     }
 
+    /// Starts `req`, just taken off `queue` (which hears when a failed start ends it).
     fn push(
         &mut self,
+        queue: &IoQueue,
         files: &BlobFiles,
         sink: &dyn LoadSink,
         req: ReadRequest,
@@ -68,7 +70,10 @@ impl UringWorker {
     ) {
         let (file, loc) = match files.locate(req.key) {
             Ok(x) => x,
-            Err(e) => return sink.complete(req, Err(e), Duration::ZERO),
+            Err(e) => {
+                sink.complete(req, Err(e), Duration::ZERO);
+                return queue.done();
+            }
         };
         let idx = slab.iter().position(Option::is_none).expect("a free in-flight entry");
         let fd = types::Fd(file.as_raw_fd());
@@ -86,6 +91,7 @@ impl UringWorker {
             let err = std::io::Error::other("io_uring submission queue full");
             let loc_err = smoe_proto::VaultError::Io { file: loc.file, offset: loc.offset, source: err };
             sink.complete(req, Err(loc_err), Duration::ZERO);
+            queue.done();
         }
     }
 
@@ -103,7 +109,7 @@ impl UringWorker {
             while inflight < self.depth {
                 match queue.try_pop() {
                     Some(req) => {
-                        self.push(files, sink, req, &mut slab);
+                        self.push(queue, files, sink, req, &mut slab);
                         inflight = slab.iter().filter(|s| s.is_some()).count();
                     }
                     None => break,
@@ -112,7 +118,7 @@ impl UringWorker {
             if inflight == 0 {
                 match queue.pop() {
                     Some(req) => {
-                        self.push(files, sink, req, &mut slab);
+                        self.push(queue, files, sink, req, &mut slab);
                         inflight = slab.iter().filter(|s| s.is_some()).count();
                         continue;
                     }
@@ -144,6 +150,7 @@ impl UringWorker {
                     finish_read(f.req.key, &loc, got, slot, fault)
                 });
                 sink.complete(f.req, result, f.started.elapsed());
+                queue.done();
             }
         }
     }

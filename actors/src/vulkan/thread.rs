@@ -146,10 +146,12 @@ impl VulkanPass {
     ) -> Result<VulkanPass, VulkanError> {
         let (model, ring) = (engine.model.clone(), engine.ring.clone());
         let (c, a, m) = (ctx.clone(), arenas.clone(), model.clone());
-        let hold_limits = ring.layer_slots();
+        let (hold_limits, lookahead) = (ring.layer_slots(), engine.lookahead);
         let init = move || {
             let backend = VulkanBackend::new(c, a, m.clone(), max_rows, vram_size)?;
-            Ok(Worker { pass: Pass::new(backend, m, ring, max_rows, hold_limits) })
+            let mut pass = Pass::new(backend, m, ring, max_rows, hold_limits);
+            pass.moe_mut().set_lookahead(lookahead);
+            Ok(Worker { pass })
         };
         let actor = ThreadActor::spawn("vulkan", init, serve).map_err(|e| match e {
             SpawnError::Init(e) => e,
