@@ -77,7 +77,8 @@ pub enum EngineError {
     Ring(#[from] RingError),
 }
 
-/// A loaded model with its ring cache.
+/// A loaded model with its ring cache (cloning shares them).
+#[derive(Clone)]
 pub struct Engine {
     /// The vault.
     pub vault: Arc<Vault>,

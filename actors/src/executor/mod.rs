@@ -65,11 +65,7 @@ pub type CpuPass = Pass<CpuBackend>;
 /// A CPU pass over `engine`'s model and ring for blocks of up to `max_rows` tokens,
 /// reading ahead as the engine says.
 pub fn cpu_pass(engine: &Engine, max_rows: usize) -> CpuPass {
-    let backend = CpuBackend::new(engine.model.clone(), max_rows);
-    let mut pass =
-        Pass::new(backend, engine.model.clone(), engine.ring.clone(), max_rows, engine.ring.layer_slots());
-    pass.moe_mut().set_lookahead(engine.lookahead);
-    pass
+    Pass::for_engine(CpuBackend::new(engine.model.clone(), max_rows), engine, max_rows)
 }
 
 /// A forward pass on the chosen backend.

@@ -9,6 +9,7 @@ use smoe_proto::{ClaimEvent, ClaimTally, ExpertSource};
 use super::moe::MoeStep;
 use super::profile::Profiled;
 use crate::contract::{Backend, ForwardError, ForwardPass, KvState};
+use crate::engine::Engine;
 use crate::model::{self, Model};
 use crate::profile::{PhaseProfile, Regime};
 
@@ -35,6 +36,16 @@ impl<B: Backend> Pass<B> {
         let max_rows = max_rows.max(1);
         let moe = MoeStep::new(&model, experts, max_rows, hold_limits);
         Pass { backend, moe, model, max_rows, profile: None }
+    }
+
+    /// A pass over `backend` (sized for `max_rows` tokens) on `engine`'s model and ring,
+    /// holding at most the ring's per-layer slots at once and reading ahead as the
+    /// engine says.
+    pub fn for_engine(backend: B, engine: &Engine, max_rows: usize) -> Self {
+        let (model, ring) = (engine.model.clone(), engine.ring.clone());
+        let mut pass = Pass::new(backend, model, ring, max_rows, engine.ring.layer_slots());
+        pass.moe.set_lookahead(engine.lookahead);
+        pass
     }
 
     /// A new, empty cache for one session on this pass's backend.

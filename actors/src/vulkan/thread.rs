@@ -144,14 +144,11 @@ impl VulkanPass {
         max_rows: usize,
         vram_size: VramSize,
     ) -> Result<VulkanPass, VulkanError> {
-        let (model, ring) = (engine.model.clone(), engine.ring.clone());
-        let (c, a, m) = (ctx.clone(), arenas.clone(), model.clone());
-        let (hold_limits, lookahead) = (ring.layer_slots(), engine.lookahead);
+        let model = engine.model.clone();
+        let (c, a, e) = (ctx.clone(), arenas.clone(), engine.clone());
         let init = move || {
-            let backend = VulkanBackend::new(c, a, m.clone(), max_rows, vram_size)?;
-            let mut pass = Pass::new(backend, m, ring, max_rows, hold_limits);
-            pass.moe_mut().set_lookahead(lookahead);
-            Ok(Worker { pass })
+            let backend = VulkanBackend::new(c, a, e.model.clone(), max_rows, vram_size)?;
+            Ok(Worker { pass: Pass::for_engine(backend, &e, max_rows) })
         };
         let actor = ThreadActor::spawn("vulkan", init, serve).map_err(|e| match e {
             SpawnError::Init(e) => e,
