@@ -151,6 +151,10 @@ void unpack(vec4 q, out float v[CHUNK]) {
 #define GU(code)
 #endif
 
+#if defined(K4) && !defined(EMBED)
+#include "k4_dot.glsl"
+#endif
+
 // Accumulator (gate/up k, row r, token i); FOR_A visits every one as a.
 #define ACC(k, r, i) ((((k) * MAX_RPT) + (r)) * TB + (i))
 #define NA (NACC * MAX_RPT * TB)
@@ -228,6 +232,9 @@ void main() {
         uint xb[TB];
 #define XB xb[i] = pc.x_off + x_row(p0 + min(t0 + i, n - 1u)) * pc.x_stride;
         FOR_I(XB)
+#ifdef K4
+        K4_DOT
+#else
         for (uint c0 = lane; c0 < nch; c0 += UNROLL * LANES) {
             // Load chunk c0 + v * LANES of every row (the last chunk again past the end,
             // unused) ...
@@ -290,6 +297,7 @@ void main() {
     GU(acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xq[q / 4u][q % 4u];)
             FOR_V(CHUNK_STEP)
         }
+#endif
 #ifndef QUANT
         if (lane == 0u) {
             for (uint e = nch * CHUNK; e < pc.cols; e++) {

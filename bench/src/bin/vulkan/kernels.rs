@@ -118,25 +118,43 @@ fn read_ceilings(h: &KernelHarness, max_range: u64) {
     println!("dispatch floor (16-byte read, chained): {:.1} us", secs * 1e6);
 }
 
+/// A model's expert shape, as `vulkan kernels` measures it.
+pub struct Shape {
+    /// The name that picks it on the command line.
+    pub name: &'static str,
+    /// Hidden size (the gate/up input, the down output).
+    pub hidden: usize,
+    /// Expert intermediate size.
+    pub inter: usize,
+}
+
+/// The shapes `vulkan kernels` knows; the first is the default.
+pub const SHAPES: &[Shape] = &[
+    Shape { name: "qwen3-30b-a3b", hidden: 2048, inter: 768 },
+    Shape { name: "qwen3-235b-a22b", hidden: 4096, inter: 1536 },
+];
+
 /// The weight types `vulkan kernels` measures unless others are named: the float types
 /// of bf16/f32 vaults and the two formats of a Q4_K_M vault's experts.
 pub const TYPES: &[DType] = &[DType::Bf16, DType::F32, DType::Q4K, DType::Q6K];
 
 /// `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL ...]`: prints every figure for
 /// each of `tunings` and weight `types` (see the program's documentation).
-pub fn kernels(device: usize, tunings: &[Tuning], types: &[DType]) {
+pub fn kernels(device: usize, tunings: &[Tuning], types: &[DType], shape: &Shape) {
     let ctx = VulkanContext::new(device).expect("device");
     println!(
         "device: {} ({}, Vulkan {}, subgroup {:?})",
         ctx.info.name, ctx.info.driver, ctx.info.api_version, ctx.info.subgroup_size
     );
-    // Qwen3-30B-A3B: hidden 2048, expert intermediate 768, 8 experts per token; 48
-    // experts (6 groups of 8) so the L2 does not hold the weights.
-    let (hid, inter, k, n_exp, tokens) = (2048usize, 768usize, 8usize, 48usize, 64usize);
+    // The model's hidden and expert intermediate sizes, 8 experts per token; 48 experts
+    // (6 groups of 8) so the L2 does not hold the weights.
+    let Shape { hidden: hid, inter, .. } = *shape;
+    println!("shape: {} (hidden {hid}, expert intermediate {inter})", shape.name);
+    let (k, n_exp, tokens) = (8usize, 48usize, 64usize);
     for (ti, &(lanes, rows_m1, unroll, rows_down)) in tunings.iter().enumerate() {
         let tuning = MatmulTuning { lanes, rows_m1, unroll, rows_down };
         println!("== tuning {tuning:?}");
-        let h = KernelHarness::with_tuning(ctx.clone(), 16 << 20, 1 << 16, tuning).expect("harness");
+        let h = KernelHarness::with_tuning(ctx.clone(), 32 << 20, 1 << 16, tuning).expect("harness");
         if ti == 0 {
             read_ceilings(&h, ctx.info.max_storage_buffer_range);
         }

@@ -1,8 +1,8 @@
 //! Vulkan backend measurements.
 //!
-//! `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...]`: per-kernel
-//! figures at Qwen3-30B-A3B shapes (hidden 2048, expert intermediate 768, 8 experts per
-//! token) for each matmul tuning given (else those in `TUNINGS`) and each weight type
+//! `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] [SHAPE]`:
+//! per-kernel figures at Qwen3-30B-A3B shapes (hidden 2048, expert intermediate 768, 8
+//! experts per token; SHAPE `qwen3-235b-a22b`: hidden 4096, intermediate 1536) for each matmul tuning given (else those in `TUNINGS`) and each weight type
 //! named (`bf16`, `q4_k`, ...; else those in `TYPES`; block formats hold reference-quantised
 //! weights and their GB/s count quantised bytes): the memory-read ceiling and the
 //! chained-dispatch floor; achieved GB/s of the m=1 expert FFN (a token's 8 experts in
@@ -43,7 +43,7 @@ mod e2e;
 mod kernels;
 mod stats;
 
-use kernels::{kernels, Tuning, TUNINGS, TYPES};
+use kernels::{kernels, Tuning, SHAPES, TUNINGS, TYPES};
 use smoe_proto::DType;
 
 /// Prints `error: MSG` and ends the program with status `code`.
@@ -63,7 +63,7 @@ fn parse_types(args: &[String]) -> Vec<DType> {
 fn parse_tunings(args: &[String]) -> Vec<Tuning> {
     args.iter()
         .skip(2)
-        .filter(|t| DType::from_name(t).is_none())
+        .filter(|t| DType::from_name(t).is_none() && !SHAPES.iter().any(|s| s.name == t.as_str()))
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
             match v.as_deref() {
@@ -84,7 +84,8 @@ fn main() {
             let tunings = if picked.is_empty() { TUNINGS } else { &picked[..] };
             let named = parse_types(&args);
             let types = if named.is_empty() { TYPES } else { &named[..] };
-            kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings, types)
+            let shape = args.iter().skip(2).find_map(|a| SHAPES.iter().find(|s| s.name == a)).unwrap_or(&SHAPES[0]);
+            kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings, types, shape)
         }
         Some("attention") => {
             let num = |i: usize, what: &str| {
@@ -111,7 +112,7 @@ fn main() {
         Some("diag") if args.len() >= 2 => e2e::diag(&args[1..]),
         _ => {
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] [qwen3-30b-a3b|qwen3-235b-a22b] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
             );
             std::process::exit(2);
         }
