@@ -70,7 +70,7 @@ void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
 #define K4_WORD                                                                           \
     {                                                                                     \
         uint n4 = ((q[wd] >> (4u * hf)) & 0x0F0F0F0Fu) | HIGH5(h[wd], j);                 \
-        FOR4(b, v[4u * wd + b] = QFLOAT((n4 >> (8u * b)) & 0xFFu, 0);)                    \
+        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 0); v[4u * wd + b] = f;) \
     }
     FOR4(wd, K4_WORD)
 }
