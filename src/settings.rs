@@ -232,8 +232,9 @@ impl EngineSettings {
     }
 
     /// The default ring: what the memory available leaves beside the resident tensors,
-    /// the KV caches and a margin (on Vulkan at most [`DEFAULT_RING_BYTES`], a common
-    /// largest single device allocation).
+    /// the KV caches and a margin (on Vulkan at most [`DEFAULT_RING_BYTES`]: its slots are
+    /// host-visible driver memory, pinned and allocated whole at start-up, so more is
+    /// left to an explicit `ring_bytes`).
     fn default_ring(&self, vault: &Path, sessions: usize) -> Result<RingSize> {
         let Some(available) = budget::available(Path::new("/")) else {
             tracing::warn!(

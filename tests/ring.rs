@@ -15,7 +15,7 @@ use smoe_actors::contract::ForwardPass;
 use smoe_actors::cpu::KvCache;
 use smoe_actors::engine::{Engine, EngineOptions, RingSize};
 use smoe_actors::generation::GenerateRequest;
-use smoe_actors::ring::memory::HostAllocator;
+use smoe_actors::ring::memory::{HostAllocator, SlotAllocator, SlotArena};
 use smoe_actors::ring::slots::{CONSUMED, EMPTY, LOADING, READY};
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::{FaultInjector, FaultKind, IoChoice, StreamerOptions};
@@ -339,6 +339,55 @@ fn phase_counters_cover_exactly_their_steps() {
     assert_eq!(s["decode_tokens"].as_u64().unwrap(), n as u64 - 1);
     assert_eq!(claims("prefill"), prompt.len() as u64 * per_step, "prefill claims: {s}");
     assert_eq!(claims("decode"), (n as u64 - 1) * per_step, "decode claims: {s}");
+}
+
+/// Host slot memory with a cap of `max` bytes per arena, counting its arenas (as on a
+/// device whose largest single allocation is smaller than a ring size class).
+struct Capped {
+    max: usize,
+    arenas: AtomicU64,
+}
+
+impl SlotAllocator for Capped {
+    fn allocate(&self, n_slots: usize, slot_bytes: usize) -> std::io::Result<Box<dyn SlotArena>> {
+        assert!(n_slots == 1 || n_slots * slot_bytes <= self.max, "an arena over the cap: {n_slots} slots");
+        self.arenas.fetch_add(1, Ordering::Relaxed);
+        HostAllocator.allocate(n_slots, slot_bytes)
+    }
+
+    fn max_arena_bytes(&self) -> Option<usize> {
+        Some(self.max)
+    }
+}
+
+#[test]
+fn a_size_class_split_over_several_arenas_computes_as_one_arena() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let (prompt, want) = golden_cases("moe_all").remove(1);
+    let opened = |slots: usize, io: IoChoice, alloc: &dyn SlotAllocator| {
+        let opts = EngineOptions {
+            max_context: 256,
+            ring: RingSize::Slots(slots),
+            streamer: StreamerOptions { io, queue_depth: 4, fault: None },
+            ..Default::default()
+        };
+        Engine::open(&vault, &opts, alloc).expect("engine opens")
+    };
+    let stride = opened(1, IoChoice::Pread, &HostAllocator).vault.max_blob_stride() as usize;
+    // Arenas of 1 slot (a cap below one slot) and of 2 slots (the last one holding 1).
+    for (max, slots) in [(1, 5), (2 * stride, 7)] {
+        for (name, io) in IO_PATHS {
+            let alloc = Capped { max, arenas: AtomicU64::new(0) };
+            let engine = opened(slots, io, &alloc);
+            assert_eq!(alloc.arenas.load(Ordering::Relaxed), slots.div_ceil((max / stride).max(1)) as u64);
+            assert_eq!(
+                greedy(&engine, &prompt, want.len()).unwrap(),
+                want,
+                "{name}, {slots} slots in arenas of {max} bytes"
+            );
+        }
+    }
 }
 
 #[test]

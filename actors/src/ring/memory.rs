@@ -1,5 +1,5 @@
-//! Slot memory: one allocation holding every ring slot, supplied by the compute
-//! backend so that slots live where the backend can read them without a copy (plain
+//! Slot memory: allocations holding the ring's slots (one per size class, or several
+//! where the backend caps one allocation), supplied by the compute backend so that slots live where the backend can read them without a copy (plain
 //! aligned memory for the CPU backend; host-visible buffers for a GPU backend).
 
 /// Alignment of every slot (O_DIRECT needs at least the logical block size).
@@ -23,6 +23,12 @@ pub unsafe trait SlotArena: Send + Sync {
 pub trait SlotAllocator: Send + Sync {
     /// Allocates `n_slots` slots of `slot_bytes` bytes each.
     fn allocate(&self, n_slots: usize, slot_bytes: usize) -> std::io::Result<Box<dyn SlotArena>>;
+
+    /// The most slot bytes one arena may hold (a device's largest single allocation), or
+    /// `None` for no limit: the ring splits a larger size class over several arenas.
+    fn max_arena_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Plain host memory for the CPU backend: an anonymous mapping, so pages are zeroed

@@ -66,14 +66,44 @@ struct Counters {
 
 /// The slots of one size class: their memory and where they start in the slot table.
 struct ClassSlots {
-    arena: Box<dyn SlotArena>,
+    /// The slot memory: one arena, or several of `per_arena` slots each (the last may
+    /// hold fewer) where the allocator caps one arena's bytes.
+    arenas: Vec<Box<dyn SlotArena>>,
+    per_arena: usize,
     first: u32,
     plan: SlotClass,
 }
 
 impl ClassSlots {
+    /// Allocates `plan`'s slots with `allocator`, in as few arenas as its cap allows.
+    fn allocate(allocator: &dyn SlotAllocator, plan: SlotClass, first: u32) -> Result<ClassSlots, RingError> {
+        let cap = allocator.max_arena_bytes().map_or(plan.slots, |m| m / plan.stride);
+        let per_arena = cap.clamp(1, plan.slots.max(1));
+        let arenas = (0..plan.slots)
+            .step_by(per_arena)
+            .map(|s| {
+                let n = per_arena.min(plan.slots - s);
+                allocator.allocate(n, plan.stride).map_err(|source| RingError::Alloc {
+                    slots: n,
+                    bytes: plan.stride,
+                    source,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if arenas.len() > 1 {
+            tracing::info!(
+                "ring: {} slots × {} bytes in {} allocations (the device allocates at most {} bytes at once)",
+                plan.slots,
+                plan.stride,
+                arenas.len(),
+                allocator.max_arena_bytes().unwrap_or(0)
+            );
+        }
+        Ok(ClassSlots { arenas, per_arena, first, plan })
+    }
+
     fn range(&self) -> std::ops::Range<usize> {
-        self.first as usize..self.first as usize + self.arena.n_slots()
+        self.first as usize..self.first as usize + self.plan.slots
     }
 }
 
@@ -141,9 +171,12 @@ impl Shared {
     /// The slot memory of `slot`: its class's arena at the slot's place in it.
     fn slot_mem(&self, slot: u32) -> (*mut u8, usize) {
         let c = &self.classes[self.slot_class[slot as usize] as usize];
-        let bytes = c.arena.slot_bytes();
-        // SAFETY: `slot` lies in the class's range, so the offset is inside its arena.
-        (unsafe { c.arena.base().add((slot - c.first) as usize * bytes) }, bytes)
+        let i = (slot - c.first) as usize;
+        let arena = &c.arenas[i / c.per_arena];
+        let bytes = arena.slot_bytes();
+        // SAFETY: `slot` lies in the class's range, so its arena holds slot
+        // i % per_arena and the offset is inside it.
+        (unsafe { arena.base().add(i % c.per_arena * bytes) }, bytes)
     }
 
     /// Under the allocation lock: among the slots of `key`'s size class, an EMPTY idle
@@ -374,16 +407,12 @@ impl RingCache {
         let (mut class_slots, mut slot_class, mut layer_class) =
             (Vec::new(), Vec::new(), vec![0u8; cfg.num_hidden_layers]);
         for (ci, c) in plan.into_iter().enumerate() {
-            let arena = allocator.allocate(c.slots, c.stride).map_err(|source| RingError::Alloc {
-                slots: c.slots,
-                bytes: c.stride,
-                source,
-            })?;
             for &l in &c.layers {
                 layer_class[l] = ci as u8;
             }
+            let first = slot_class.len() as u32;
             slot_class.extend(std::iter::repeat_n(ci as u8, c.slots));
-            class_slots.push(ClassSlots { arena, first: (slot_class.len() - c.slots) as u32, plan: c });
+            class_slots.push(ClassSlots::allocate(allocator, c, first)?);
         }
         let n = slot_class.len();
         let shared = Arc::new(Shared {
@@ -447,7 +476,8 @@ impl RingCache {
         let classes = &self.shared.classes;
         classes
             .iter()
-            .map(|c| memory::resident_bytes(c.arena.base(), c.arena.n_slots() * c.arena.slot_bytes()))
+            .flat_map(|c| &c.arenas)
+            .map(|a| memory::resident_bytes(a.base(), a.n_slots() * a.slot_bytes()))
             .sum()
     }
 

@@ -153,4 +153,10 @@ impl SlotAllocator for VulkanAllocator {
             _buffer: buffer,
         }))
     }
+
+    /// The device's largest single allocation, less the alignment padding each arena
+    /// takes (a larger ring size class is split over several arenas).
+    fn max_arena_bytes(&self) -> Option<usize> {
+        self.ctx.info.max_allocation.map(|m| (m as usize).saturating_sub(SLOT_ALIGN))
+    }
 }

@@ -84,7 +84,8 @@ fn main() {
             let tunings = if picked.is_empty() { TUNINGS } else { &picked[..] };
             let named = parse_types(&args);
             let types = if named.is_empty() { TYPES } else { &named[..] };
-            let shape = args.iter().skip(2).find_map(|a| SHAPES.iter().find(|s| s.name == a)).unwrap_or(&SHAPES[0]);
+            let shape =
+                args.iter().skip(2).find_map(|a| SHAPES.iter().find(|s| s.name == a)).unwrap_or(&SHAPES[0]);
             kernels(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0), tunings, types, shape)
         }
         Some("attention") => {
