@@ -42,7 +42,7 @@ ids=$(python3 -c "print(','.join(str((i*7919+13)%$vocab) for i in range($prompt)
 dev=$(lsblk -no PKNAME "$(df --output=source "$vault" | tail -1)" 2>/dev/null | head -1)
 [ -n "$dev" ] || dev=$(basename "$(df --output=source "$vault" | tail -1)")
 ticks() { awk '{print $10}' "/sys/class/block/$dev/stat" 2>/dev/null || echo 0; }
-echo "disk $dev; $preset --layers $layers, ring $((ring >> 20)) MiB (1/4 of the expert bytes), cpu, prompt $prompt," \
+echo "disk $dev; $preset --layers $layers, ring $((ring >> 20)) MiB (1/4 of the expert bytes), flags: ${EXTRA:-none (cpu backend)}, prompt $prompt," \
   "chunk $chunk, decode $decode, lookahead $lookahead, $rounds rounds (off/on interleaved), $(nproc) cores"
 runs=()
 for r in $(seq 1 "$rounds"); do

@@ -196,6 +196,12 @@ impl HybridConfig {
 }
 
 impl ModelConfig {
+    /// Experts routed per token, kept within 1..=num_experts (validation already demands
+    /// it of MoE models; dense configs carry whatever their file says).
+    pub fn experts_per_token(&self) -> usize {
+        self.num_experts_per_tok.clamp(1, self.num_experts.max(1))
+    }
+
     /// Whether decoder layer `layer` uses the routed-expert MoE block (otherwise the
     /// dense MLP), following the Qwen3-MoE rule.
     pub fn is_moe_layer(&self, layer: usize) -> bool {

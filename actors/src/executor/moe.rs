@@ -73,7 +73,7 @@ impl MoeStep {
             },
             spec_depth: 0,
             union_sizes: vec![0; c.num_hidden_layers],
-            k: c.num_experts_per_tok.clamp(1, c.num_experts.max(1)),
+            k: c.experts_per_token(),
             on_device: false,
             device_ranks: vec![Vec::new(); c.num_hidden_layers],
             lookahead: Lookahead::new(model),

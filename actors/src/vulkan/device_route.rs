@@ -109,7 +109,7 @@ impl VulkanBackend {
     ) -> Result<(), ForwardError> {
         let model = self.model.clone();
         let c = &model.cfg;
-        let (ne, k) = (c.num_experts, c.num_experts_per_tok.clamp(1, c.num_experts.max(1)));
+        let (ne, k) = (c.num_experts, c.experts_per_token());
         let ranks = k + bets.min(ne - k);
         let layout = *model.vault.expert_layout(l).map_err(|e| ForwardError::Device(e.to_string()))?;
         let (Some(routes), Some(tier)) = (self.routes.as_mut(), self.ex.vram.as_ref()) else {
@@ -204,7 +204,7 @@ impl VulkanBackend {
     /// tier counts the hits; else the pass is void).
     pub(super) fn read_device_routes(&mut self, ranks: &mut [Vec<u16>]) -> Result<bool, ForwardError> {
         let ne = self.model.cfg.num_experts;
-        let k = self.model.cfg.num_experts_per_tok.clamp(1, ne.max(1));
+        let k = self.model.cfg.experts_per_token();
         let Some(routes) = self.routes.as_mut() else { return Ok(false) };
         let layers = std::mem::take(&mut routes.layers);
         let io = self.io.read().map_err(verr("reading the device routing"))?;
