@@ -404,6 +404,37 @@ mod tests {
         }
     }
 
+    /// The K-quant bytes of fixed rows (smooth, spiky, constant-signed and tiny values),
+    /// as FNV-1a hashes of the reference search (`bench/results/quant-rmse-2026-11-30.txt`:
+    /// the same RMSE as llama-quantize on every tensor): a faster search must give the
+    /// same bytes.
+    #[test]
+    fn k_quant_bytes_match_the_reference_search() {
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        let cols = 512;
+        let mut vals: Vec<f32> = (0..48 * cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        for (i, v) in vals.iter_mut().enumerate() {
+            match (i / cols) % 4 {
+                1 => *v *= if i % 97 == 0 { 40.0 } else { 1.0 },
+                2 => *v = v.abs() + 0.5,
+                3 => *v *= 1e-3,
+                _ => {}
+            }
+        }
+        let fnv = |b: &[u8]| {
+            b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100_0000_01b3))
+        };
+        for (ty, want) in
+            [(GgmlType::Q4K, 2_213_894_497_304_557_125u64), (GgmlType::Q5K, 8_546_285_991_056_747_518u64)]
+        {
+            let mut out = Vec::new();
+            for row in vals.chunks(cols) {
+                quantize_row(ty, row, &mut out).unwrap();
+            }
+            assert_eq!(fnv(&out), want, "{ty}: bytes differ from the reference search's");
+        }
+    }
+
     fn fixture(name: &str) -> Vec<u8> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/quant_blocks");
         std::fs::read(dir.join(name)).unwrap()
