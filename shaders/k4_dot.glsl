@@ -14,9 +14,9 @@
 //   S   = q_0·x_0 + ... + q_15·x_15   one fma each, in order, from 0
 //   X   = x_0 + ... + x_15            in order, from 0
 //   acc = acc + ((d·sc)·S − (dmin·m)·X)
-// with d·sc and dmin·m as ggml forms them (quant.glsl's unpack). This is the summation
-// order of the K4 kernels (common.glsl describes the other types'); it does not depend
-// on the number of tokens, rows per lane group or unroll, so the m=1 and batched
+// with d·sc and dmin·m as ggml forms them (quant.glsl's k4_products). This is the
+// summation order of the K4 kernels (common.glsl describes the other types'); it does not
+// depend on the number of tokens, rows per lane group or unroll, so the m=1 and batched
 // kernels give the same bytes. With one input 1 and the rest 0 a result is
 // (d·sc)·q − dmin·m exactly, the weight itself, as the CPU computes it.
 
@@ -40,28 +40,12 @@ layout(set = 0, binding = 1) readonly buffer U4 { uvec4 u4[]; };
 #define HIGH5(x, j) 0u
 #endif
 
-// (d·sc_jl, dmin·m_jl, d·sc_jl+1, dmin·m_jl+1) of a block from its first 16 bytes h:
-// ggml's get_scale_min_k4 and the products dequantize_row_q4_K forms.
+// (d·sc_jl, dmin·m_jl, d·sc_jl+1, dmin·m_jl+1) of a block from its first 16 bytes h.
 vec4 k4_scales(uvec4 h, uint jl) {
     float d = f16_to_f32(h.x & 0xFFFFu);
     float dmin = f16_to_f32(h.x >> 16);
-    vec4 r;
-#define K4_SCALE                                                                          \
-    {                                                                                     \
-        uint j = jl + hf;                                                                 \
-        uint bs = 8u * (j & 3u);                                                          \
-        uint a = (h.y >> bs) & 0xFFu;                                                     \
-        uint b = (h.z >> bs) & 0xFFu;                                                     \
-        uint c = (h.w >> bs) & 0xFFu;                                                     \
-        uint sc = j < 4u ? a & 63u : (c & 0x0Fu) | ((a >> 6) << 4);                       \
-        uint m = j < 4u ? b & 63u : (c >> 4) | ((b >> 6) << 4);                           \
-        precise float ds = d * QFLOAT(sc, 0);                                             \
-        precise float dm = dmin * QFLOAT(m, 0);                                           \
-        r[2u * hf] = ds;                                                                  \
-        r[2u * hf + 1u] = dm;                                                             \
-    }
-    FOR2(hf, K4_SCALE)
-    return r;
+    return vec4(k4_products(d, dmin, k4_scale_min(h.y, h.z, h.w, jl)),
+                k4_products(d, dmin, k4_scale_min(h.y, h.z, h.w, jl + 1u)));
 }
 
 // The 16 quants of half hf (0: low nibbles, sub-block j; 1: high nibbles, sub-block j)
@@ -89,20 +73,20 @@ void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
         FOR_R(K4_LOAD)                                                                    \
         FOR2(hf, K4_HALF)                                                                 \
     }
-// Row r's block header, quants (and Q5_K's high bits) of the slice, and its scales.
+// Row r's block header, quants (and Q5_K's high bits) of the slice, and its scales, from
+// matrix B (row 0 at byte `base`) into entry a.
+#define K4_LOAD_M(B, B4, base, a)                                                         \
+    {                                                                                     \
+        uint blk = (base) + wrow[r] + boff;                                               \
+        qw[a] = LD16(B, B4, blk + QS_AT + 16u * t, vec16);                                \
+        K5(hq[a] = LD16(B, B4, blk + 16u + 16u * (t % 2u), vec16);)                       \
+        sc4[a] = k4_scales(LD16(B, B4, blk, vec16), jl);                                  \
+    }
 #define K4_LOAD                                                                           \
     if (r < RPT) {                                                                        \
-        uint blk = wo + wrow[r] + boff;                                                   \
-        qw[r * NACC] = LD16(w, w4, blk + QS_AT + 16u * t, vec16);                         \
-        K5(hq[r * NACC] = LD16(w, w4, blk + 16u + 16u * (t % 2u), vec16);)                \
-        sc4[r * NACC] = k4_scales(LD16(w, w4, blk, vec16), jl);                           \
-        GU(K4_LOAD_U)                                                                     \
+        K4_LOAD_M(w, w4, wo, r * NACC)                                                    \
+        GU(K4_LOAD_M(u, u4, uo, r * NACC + 1u))                                           \
     }
-#define K4_LOAD_U                                                                         \
-    uint ublk = uo + wrow[r] + boff;                                                      \
-    qw[r * NACC + 1u] = LD16(u, u4, ublk + QS_AT + 16u * t, vec16);                       \
-    K5(hq[r * NACC + 1u] = LD16(u, u4, ublk + 16u + 16u * (t % 2u), vec16);)              \
-    sc4[r * NACC + 1u] = k4_scales(LD16(u, u4, ublk, vec16), jl);
 // One half of the slice: its quants as floats, then every token.
 #define K4_HALF                                                                           \
     {                                                                                     \

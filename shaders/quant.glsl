@@ -104,21 +104,26 @@ uint word16_pick(uint lo, uint hi, uint o) {
 #define QS_AT 16u
 #define HIGH_BIT(B, o, j) 0u
 #endif
+// ggml's get_scale_min_k4 of sub-block j from a block's scale words y, z, w (its bytes
+// 4..15): sc | m << 8.
+uint k4_scale_min(uint y, uint z, uint w, uint j) {
+    uint bs = 8u * (j & 3u);
+    uint a = (y >> bs) & 0xFFu;
+    uint b = (z >> bs) & 0xFFu;
+    uint c = (w >> bs) & 0xFFu;
+    uint sc = j < 4u ? a & 63u : (c & 0x0Fu) | ((a >> 6) << 4);
+    uint m = j < 4u ? b & 63u : (c >> 4) | ((b >> 6) << 4);
+    return sc | (m << 8);
+}
 #define LOAD_BODY(B)                                                                      \
     uint blk = row + (e / QK) * QB;                                                       \
     uint i = e % QK;                                                                      \
     uint j = i / 32u, l = i % 32u;                                                        \
-    uint bs = 8u * (j & 3u);                                                              \
-    uint a = (B[(blk >> 2) + 1u] >> bs) & 0xFFu;                                          \
-    uint b = (B[(blk >> 2) + 2u] >> bs) & 0xFFu;                                          \
-    uint c = (B[(blk >> 2) + 3u] >> bs) & 0xFFu;                                          \
-    uint sc = j < 4u ? a & 63u : (c & 0x0Fu) | ((a >> 6) << 4);                           \
-    uint m = j < 4u ? b & 63u : (c >> 4) | ((b >> 6) << 4);                               \
     uint o = blk + QS_AT + 32u * (j / 2u) + l;                                            \
     uint sh = 4u * (j & 1u);                                                              \
     return uvec4(B[blk >> 2], ((B[o >> 2] >> sh) & 0x0F0F0F0Fu) | HIGH_BIT(B, blk + 16u + l, j), \
                  ((B[(o >> 2) + 1u] >> sh) & 0x0F0F0F0Fu) | HIGH_BIT(B, blk + 20u + l, j),   \
-                 sc | (m << 8));
+                 k4_scale_min(B[(blk >> 2) + 1u], B[(blk >> 2) + 2u], B[(blk >> 2) + 3u], j));
 #else
 #error quant.glsl needs one of Q8_0, Q4_0, Q4_K, Q5_K, Q6_K
 #endif
@@ -140,11 +145,22 @@ uvec4 load_u(uint row, uint e) { LOAD_BODY(u) }
 // is exact: the bits of float(q - bias).
 #define QFLOAT(q, bias) (uintBitsToFloat(0x4B000000u | (q)) - (8388608.0 + float(bias)))
 
+#ifdef K4
+// (d·sc, dmin·m) of a sub-block, as dequantize_row_q4_K forms them, from its block's d
+// and dmin and k4_scale_min's sc | m << 8.
+vec2 k4_products(float d, float dmin, uint sm) {
+    precise float ds = d * QFLOAT(sm & 0xFFu, 0);
+    precise float dm = dmin * QFLOAT(sm >> 8, 0);
+    return vec2(ds, dm);
+}
+#endif
+
 // The 8 weights of a loaded chunk, as ggml computes them.
 void unpack(uvec4 c, out float v[CHUNK]) {
 #ifdef K4
-    precise float ds = f16_to_f32(c.x & 0xFFFFu) * QFLOAT(c.w & 0xFFu, 0);
-    precise float dm = f16_to_f32(c.x >> 16) * QFLOAT(c.w >> 8, 0);
+    vec2 p = k4_products(f16_to_f32(c.x & 0xFFFFu), f16_to_f32(c.x >> 16), c.w);
+    float ds = p.x;
+    float dm = p.y;
 #define DEQ                                                                               \
     precise float y = ds * QFLOAT(QBYTE(c, q), 0) - dm;                                   \
     v[q] = y;

@@ -19,18 +19,30 @@ use smoe_actors::ring::memory::{HostAllocator, SlotAllocator, SlotArena};
 use smoe_actors::ring::slots::{CONSUMED, EMPTY, LOADING, READY};
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::streamer::{FaultInjector, FaultKind, IoChoice, StreamerOptions};
+use smoe_actors::vault::Vault;
 use smoe_proto::{ExpertKey, ExpertSource, Lookahead};
 
 const IO_PATHS: [(&str, IoChoice); 2] = [("pread", IoChoice::Pread), ("io-uring", IoChoice::IoUring)];
 
 fn open(vault: &Path, slots: usize, io: IoChoice, fault: Option<Arc<FaultInjector>>) -> Engine {
+    open_with(vault, slots, io, fault, &HostAllocator)
+}
+
+/// [`open`] with slot memory from `alloc`.
+fn open_with(
+    vault: &Path,
+    slots: usize,
+    io: IoChoice,
+    fault: Option<Arc<FaultInjector>>,
+    alloc: &dyn SlotAllocator,
+) -> Engine {
     let opts = EngineOptions {
         max_context: 256,
         ring: RingSize::Slots(slots),
         streamer: StreamerOptions { io, queue_depth: 4, fault },
         ..Default::default()
     };
-    Engine::open(vault, &opts, &HostAllocator).expect("engine opens")
+    Engine::open(vault, &opts, alloc).expect("engine opens")
 }
 
 fn greedy(engine: &Engine, prompt: &[u32], n: usize) -> Result<Vec<u32>, String> {
@@ -365,21 +377,12 @@ fn a_size_class_split_over_several_arenas_computes_as_one_arena() {
     let dir = tempfile::tempdir().unwrap();
     let vault = convert("moe_all", dir.path(), &[]);
     let (prompt, want) = golden_cases("moe_all").remove(1);
-    let opened = |slots: usize, io: IoChoice, alloc: &dyn SlotAllocator| {
-        let opts = EngineOptions {
-            max_context: 256,
-            ring: RingSize::Slots(slots),
-            streamer: StreamerOptions { io, queue_depth: 4, fault: None },
-            ..Default::default()
-        };
-        Engine::open(&vault, &opts, alloc).expect("engine opens")
-    };
-    let stride = opened(1, IoChoice::Pread, &HostAllocator).vault.max_blob_stride() as usize;
+    let stride = Vault::open(&vault).unwrap().max_blob_stride() as usize;
     // Arenas of 1 slot (a cap below one slot) and of 2 slots (the last one holding 1).
     for (max, slots) in [(1, 5), (2 * stride, 7)] {
         for (name, io) in IO_PATHS {
             let alloc = Capped { max, arenas: AtomicU64::new(0) };
-            let engine = opened(slots, io, &alloc);
+            let engine = open_with(&vault, slots, io, None, &alloc);
             assert_eq!(alloc.arenas.load(Ordering::Relaxed), slots.div_ceil((max / stride).max(1)) as u64);
             assert_eq!(
                 greedy(&engine, &prompt, want.len()).unwrap(),

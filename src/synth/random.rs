@@ -119,26 +119,19 @@ mod tests {
     use crate::synth::trained::{Targets, TrainedProfile};
     use crate::vault_writer::{write_vault, VaultSpec};
 
-    /// Every file of the vault at `dir`, by relative path.
+    /// Every file under `dir` with its bytes, by path relative to `dir`, sorted.
     fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
-        let mut v = Vec::new();
-        for e in walk(dir) {
-            v.push((e.strip_prefix(dir).unwrap().display().to_string(), std::fs::read(&e).unwrap()));
-        }
-        v.sort();
-        v
-    }
-
-    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-        let mut v = Vec::new();
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                v.extend(walk(&p));
-            } else {
-                v.push(p);
+        let (mut v, mut dirs) = (Vec::new(), vec![dir.to_path_buf()]);
+        while let Some(d) = dirs.pop() {
+            for p in std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()) {
+                if p.is_dir() {
+                    dirs.push(p);
+                } else {
+                    v.push((p.strip_prefix(dir).unwrap().display().to_string(), std::fs::read(&p).unwrap()));
+                }
             }
         }
+        v.sort();
         v
     }
 

@@ -1,6 +1,7 @@
 //! Slot memory: allocations holding the ring's slots (one per size class, or several
-//! where the backend caps one allocation), supplied by the compute backend so that slots live where the backend can read them without a copy (plain
-//! aligned memory for the CPU backend; host-visible buffers for a GPU backend).
+//! where the backend caps one allocation), supplied by the compute backend so that slots
+//! live where the backend can read them without a copy (plain aligned memory for the CPU
+//! backend; host-visible buffers for a GPU backend).
 
 /// Alignment of every slot (O_DIRECT needs at least the logical block size).
 pub const SLOT_ALIGN: usize = smoe_proto::BLOB_ALIGN as usize;

@@ -90,15 +90,6 @@ impl ClassSlots {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if arenas.len() > 1 {
-            tracing::info!(
-                "ring: {} slots × {} bytes in {} allocations (the device allocates at most {} bytes at once)",
-                plan.slots,
-                plan.stride,
-                arenas.len(),
-                allocator.max_arena_bytes().unwrap_or(0)
-            );
-        }
         Ok(ClassSlots { arenas, per_arena, first, plan })
     }
 
@@ -434,7 +425,10 @@ impl RingCache {
         let summary: Vec<String> = shared
             .classes
             .iter()
-            .map(|c| format!("{} slots × {} bytes", c.plan.slots, c.plan.stride))
+            .map(|c| match c.arenas.len() {
+                1 => format!("{} slots × {} bytes", c.plan.slots, c.plan.stride),
+                n => format!("{} slots × {} bytes in {n} allocations", c.plan.slots, c.plan.stride),
+            })
             .collect();
         tracing::info!("ring: {}, I/O via {}", summary.join(" + "), streamer.mode().name());
         Ok(RingCache { streamer, shared })

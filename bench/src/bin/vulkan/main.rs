@@ -1,8 +1,9 @@
 //! Vulkan backend measurements.
 //!
 //! `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] [SHAPE]`:
-//! per-kernel figures at Qwen3-30B-A3B shapes (hidden 2048, expert intermediate 768, 8
-//! experts per token; SHAPE `qwen3-235b-a22b`: hidden 4096, intermediate 1536) for each matmul tuning given (else those in `TUNINGS`) and each weight type
+//! per-kernel figures at a model's expert shape (`SHAPES`: Qwen3-30B-A3B by default,
+//! hidden 2048, expert intermediate 768; `qwen3-235b-a22b`: 4096, 1536; 8 experts per
+//! token) for each matmul tuning given (else those in `TUNINGS`) and each weight type
 //! named (`bf16`, `q4_k`, ...; else those in `TYPES`; block formats hold reference-quantised
 //! weights and their GB/s count quantised bytes): the memory-read ceiling and the
 //! chained-dispatch floor; achieved GB/s of the m=1 expert FFN (a token's 8 experts in
@@ -112,8 +113,10 @@ fn main() {
         Some("e2e") if args.len() >= 2 => e2e::e2e(&args[1..]),
         Some("diag") if args.len() >= 2 => e2e::diag(&args[1..]),
         _ => {
+            let shapes: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] [qwen3-30b-a3b|qwen3-235b-a22b] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]"
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
+                shapes.join("|")
             );
             std::process::exit(2);
         }
