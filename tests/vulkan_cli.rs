@@ -172,5 +172,15 @@ fn the_phase_profile_times_every_phase_and_changes_no_byte() {
             assert!(t["calls"].as_u64().unwrap() > 0 && t["device"].as_f64().unwrap() > 0.0, "{phase}: {t}");
         }
         assert!(r["phases"][5]["wait"].as_f64().unwrap() > 0.0, "the router gate waits for the device: {r}");
+        // Every dispatch is stamped: the gate/up kernel ran and took time, and the kernels'
+        // device time is a part of the phases' (the same gaps, less those before a
+        // command buffer's first command).
+        let kernels = r["kernels"].as_array().unwrap();
+        let gate_up = kernels.iter().find(|k| k["name"].as_str().unwrap().starts_with("gate_up"));
+        assert!(gate_up.is_some_and(|k| k["device"].as_f64().unwrap() > 0.0), "{r}");
+        let sum =
+            |v: &[serde_json::Value], key: &str| v.iter().map(|t| t[key].as_f64().unwrap()).sum::<f64>();
+        let phases = r["phases"].as_array().unwrap();
+        assert!(sum(kernels, "device") <= sum(phases, "device") + 1e-9, "{r}");
     }
 }

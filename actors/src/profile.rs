@@ -156,6 +156,37 @@ pub struct RegimeProfile {
     pub device_idle: Duration,
     /// Per phase, indexed as [`Phase::ALL`].
     pub phases: Vec<PhaseTimes>,
+    /// Per kernel, where the backend stamps every dispatch, in first-run order.
+    pub kernels: Vec<KernelTimes>,
+}
+
+/// The device time of one kernel (a shader module) in one regime: from the end of the
+/// command before each of its dispatches to the end of the dispatch, so the barrier
+/// wait and launch count with the kernel that waited.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct KernelTimes {
+    /// The kernel's module name (`matvec_bf16`, `attention`, ...; `copy` for buffer copies).
+    pub name: String,
+    /// Dispatches recorded.
+    pub dispatches: u64,
+    /// Their device time.
+    #[serde(serialize_with = "secs")]
+    pub device: Duration,
+}
+
+impl RegimeProfile {
+    /// Adds `device` time of one dispatch of kernel `name`.
+    pub fn add_kernel(&mut self, name: &str, dispatches: u64, device: Duration) {
+        let i = match self.kernels.iter().position(|k| k.name == name) {
+            Some(i) => i,
+            None => {
+                self.kernels.push(KernelTimes { name: name.to_string(), ..Default::default() });
+                self.kernels.len() - 1
+            }
+        };
+        self.kernels[i].dispatches += dispatches;
+        self.kernels[i].device += device;
+    }
 }
 
 /// The phase profile of every block run since profiling was turned on.
@@ -248,6 +279,24 @@ impl fmt::Display for PhaseProfile {
                     100.0 * ms(device) / wall,
                     ms(r.device_idle)
                 )?;
+            }
+            if !r.kernels.is_empty() {
+                writeln!(f, "| kernel | dispatches | device ms | device % | us/dispatch | us/block |")?;
+                writeln!(f, "| --- | --- | --- | --- | --- | --- |")?;
+                let mut ks: Vec<&KernelTimes> = r.kernels.iter().collect();
+                ks.sort_by_key(|k| std::cmp::Reverse(k.device));
+                for k in ks {
+                    let d = ms(k.device);
+                    writeln!(
+                        f,
+                        "| {} | {} | {d:.3} | {:.1} | {:.1} | {:.1} |",
+                        k.name,
+                        k.dispatches,
+                        100.0 * d / wall,
+                        1e3 * d / k.dispatches.max(1) as f64,
+                        1e3 * d / r.blocks as f64
+                    )?;
+                }
             }
         }
         Ok(())

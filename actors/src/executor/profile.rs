@@ -149,7 +149,8 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         device_bets: Option<usize>,
         logits: bool,
     ) -> Result<(), ForwardError> {
-        self.b.begin_pass(kv, rows, device_bets, logits)
+        // The pass's set-up (the position upload) counts with the embedding.
+        self.op(None, Phase::Embed, |b| b.begin_pass(kv, rows, device_bets, logits))
     }
     fn routes_on_device(&mut self) -> bool {
         self.b.routes_on_device()

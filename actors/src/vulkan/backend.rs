@@ -24,7 +24,7 @@ use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
 use super::record::{MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
 use super::replay::Replays;
-use super::timing::DeviceTimer;
+use super::timing::{lock, DeviceTimer, SharedTimer};
 use super::vram::VramTier;
 use super::weights::{device_embeds, DeviceModel};
 use super::VulkanError;
@@ -67,7 +67,7 @@ pub struct VulkanBackend {
     /// Kept command buffers of device-routed decode steps.
     pub(super) replays: Replays,
     /// Device timestamps, while profiling.
-    pub(super) timer: Option<DeviceTimer>,
+    pub(super) timer: Option<SharedTimer>,
 }
 
 impl VulkanBackend {
@@ -143,6 +143,7 @@ impl VulkanBackend {
             let mut rec =
                 Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone(), self.replays.usage())?;
             rec.discard = self.replays.replaying();
+            rec.timer = self.timer.clone();
             self.rec = Some(rec);
         }
         Ok(self.rec.as_mut().expect("just started"))
@@ -156,8 +157,8 @@ impl VulkanBackend {
     pub(super) fn submit(&mut self, wait: bool) -> Result<(), VulkanError> {
         self.rec()?;
         let mut rec = self.rec.take().expect("just started");
-        if let Some(t) = self.timer.as_mut() {
-            t.end(&mut rec.cb)?;
+        if let Some(t) = &self.timer {
+            lock(t).end(&mut rec.cb)?;
         }
         let cb = match self.replays.take_replay() {
             // A kept decode buffer with nothing before it: submitted as it is.
@@ -198,7 +199,8 @@ impl VulkanBackend {
             if let Some(v) = self.ex.vram.as_mut() {
                 v.settle();
             }
-            if let Some(timer) = self.timer.as_mut() {
+            if let Some(timer) = &self.timer {
+                let mut timer = lock(timer);
                 timer.waited(t.elapsed());
                 timer.collect()?;
             }
@@ -212,10 +214,8 @@ impl VulkanBackend {
     /// While profiling, marks the start of `phase` (of a block in `regime`) in the
     /// recording.
     pub(super) fn mark(&mut self, regime: Regime, phase: Phase) -> Result<(), VulkanError> {
-        if self.timer.is_some() {
-            self.rec()?;
-            let (t, rec) = (self.timer.as_mut().expect("checked"), self.rec.as_mut().expect("started"));
-            t.enter(regime, phase, &mut rec.cb)?;
+        if let Some(t) = self.timer.clone() {
+            lock(&t).enter(regime, phase, &mut self.rec()?.cb)?;
         }
         Ok(())
     }
@@ -570,7 +570,8 @@ impl Backend for VulkanBackend {
             r.abandon();
         }
         self.replays.abandon();
-        if let Some(t) = self.timer.as_mut() {
+        if let Some(t) = self.timer.clone() {
+            let mut t = lock(&t);
             t.discard();
             if let Err(e) = t.collect() {
                 tracing::warn!("profile: dropping device timing after a failed pass: {e}");
@@ -619,8 +620,8 @@ impl Backend for VulkanBackend {
     }
 
     fn take_device_times(&mut self, into: &mut PhaseProfile) {
-        if let Some(t) = self.timer.as_mut() {
-            t.take(into);
+        if let Some(t) = &self.timer {
+            lock(t).take(into);
         }
     }
 }

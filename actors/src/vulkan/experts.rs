@@ -21,6 +21,7 @@ use super::buffers::{device_buffer, host_buffer, upload_buffer, verr};
 use super::context::VulkanContext;
 use super::device_route::fast_route_words;
 use super::record::{set0, weight_unit, MatmulArgs, Projection, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE};
+use super::timing::lock;
 use super::vram::{Placement, VramTier};
 use super::VulkanError;
 use crate::contract::Plane;
@@ -274,8 +275,8 @@ impl VulkanBackend {
                             )
                             .map_err(verr("recording a staging upload"))?,
                         );
-                        if let Some(timer) = self.timer.as_mut() {
-                            timer.mark_upload(t)?;
+                        if let Some(timer) = &self.timer {
+                            lock(timer).mark_upload(t)?;
                         }
                         t
                     }
@@ -294,8 +295,8 @@ impl VulkanBackend {
         self.ex.blobs = blobs;
         match transfer {
             Some(mut t) => {
-                if let Some(timer) = self.timer.as_mut() {
-                    timer.end_upload(&mut t)?;
+                if let Some(timer) = &self.timer {
+                    lock(timer).end_upload(&mut t)?;
                 }
                 Ok(Some(t.build().map_err(verr("recording a staging upload"))?))
             }

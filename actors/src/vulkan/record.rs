@@ -16,6 +16,7 @@ use vulkano::pipeline::PipelineBindPoint;
 use super::buffers::verr;
 use super::context::VulkanContext;
 use super::pipelines::{Kernel, Kernels, TypedKernels};
+use super::timing::{lock, SharedTimer};
 use super::VulkanError;
 
 /// `out += result` instead of `out = result`.
@@ -111,6 +112,12 @@ impl Projection {
     }
 }
 
+/// A matmul dispatch's name in the profile: its kernel and weight shape (rows × cols),
+/// which tells the projections of one kernel apart.
+fn shape_label(k: &Kernel, a: &MatmulArgs) -> String {
+    format!("{} {}x{}", k.module, a.rows, a.cols)
+}
+
 /// A command buffer being recorded.
 pub struct Recorder {
     /// The builder.
@@ -118,6 +125,8 @@ pub struct Recorder {
     /// Commands are discarded: a kept recording of the same pass runs instead
     /// (`super::replay`).
     pub discard: bool,
+    /// While profiling: the backend's timer, which stamps the end of every command.
+    pub timer: Option<SharedTimer>,
     kernels: Arc<Kernels>,
     act_set: Arc<DescriptorSet>,
 }
@@ -160,7 +169,7 @@ impl Recorder {
         let cb =
             AutoCommandBufferBuilder::primary(ctx.commands.clone(), ctx.compute.queue_family_index(), usage)
                 .map_err(verr("starting a command buffer"))?;
-        Ok(Recorder { cb, kernels, act_set, discard: false })
+        Ok(Recorder { cb, kernels, act_set, discard: false, timer: None })
     }
 
     /// Records one dispatch of `kernel`.
@@ -171,6 +180,18 @@ impl Recorder {
         push: [u32; N],
         groups: [u32; 3],
     ) -> Result<(), VulkanError> {
+        self.dispatch_as(kernel, set, push, groups, || kernel.module.clone())
+    }
+
+    /// [`Self::dispatch`], the profile naming it `label()`.
+    fn dispatch_as<const N: usize>(
+        &mut self,
+        kernel: &Kernel,
+        set: Option<Arc<DescriptorSet>>,
+        push: [u32; N],
+        groups: [u32; 3],
+        label: impl FnOnce() -> String,
+    ) -> Result<(), VulkanError> {
         if self.discard {
             return Ok(());
         }
@@ -178,7 +199,15 @@ impl Recorder {
         // SAFETY: every index a kernel forms is bounded by the push constants, which the
         // callers derive from the sizes the buffers were allocated with.
         unsafe { self.cb.dispatch(groups) }.map_err(verr("recording a dispatch"))?;
-        Ok(())
+        self.stamp(label)
+    }
+
+    /// While profiling, stamps the end of the command just recorded as kernel `label()`'s.
+    fn stamp(&mut self, label: impl FnOnce() -> String) -> Result<(), VulkanError> {
+        match &self.timer {
+            Some(t) => lock(t).kernel(&label(), &mut self.cb),
+            None => Ok(()),
+        }
     }
 
     /// Binds `kernel`, its set 0 (`set`) and the activation set, and pushes `push`.
@@ -220,7 +249,7 @@ impl Recorder {
         // SAFETY: as `dispatch`; the table entries and sizes come from `route.comp`, which
         // writes at most k entries per buffer and counts of at most k.
         unsafe { self.cb.dispatch_indirect(sizes) }.map_err(verr("recording an indirect dispatch"))?;
-        Ok(())
+        self.stamp(|| shape_label(&k, &a))
     }
 
     /// One `p` product over `a.rows` rows of the weights bound in `set`: the token-batched
@@ -234,7 +263,7 @@ impl Recorder {
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
         let k = p.kernel(self.kernels.typed(dtype)?, batched).clone();
-        self.dispatch(&k, Some(set), a.words(), a.groups(&k))
+        self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
     }
 
     /// The embedding lookup of `a.m` tokens from a table of `dtype` bound in `set`
@@ -275,6 +304,7 @@ impl Recorder {
     ) -> Result<(), VulkanError> {
         if !self.discard {
             self.cb.copy_buffer(CopyBufferInfo::buffers(src, dst)).map_err(verr("recording a copy"))?;
+            self.stamp(|| "copy".into())?;
         }
         Ok(())
     }

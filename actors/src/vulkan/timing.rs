@@ -3,10 +3,11 @@
 //! the end of every command buffer; after each host wait (when everything submitted has
 //! run) the timestamps are read back, each gap between consecutive marks of one command
 //! buffer is added to the phase that began it, and the gaps between consecutive compute
-//! command buffers are the device's idle time. Off by default: without a profile, nothing
-//! is written.
+//! command buffers are the device's idle time. The recorder also stamps the end of every
+//! dispatch and copy ([`DeviceTimer::kernel`]), so each kernel's share is known too. Off
+//! by default: without a profile, nothing is written.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use vulkano::command_buffer::{AutoCommandBufferBuilder, PrimaryAutoCommandBuffer};
@@ -18,9 +19,9 @@ use super::context::VulkanContext;
 use super::VulkanError;
 use crate::profile::{Phase, PhaseProfile, Regime};
 
-/// Timestamps the pool holds between two host waits (a layer's worth of marks at most,
-/// in practice); marks beyond it are dropped until the next read.
-const QUERIES: u32 = 4096;
+/// Timestamps the pool holds between two host waits (a decode step of a 94-layer model
+/// stamps ~1,500); marks beyond it are dropped until the next read.
+const QUERIES: u32 = 8192;
 
 /// What a timestamp marks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,10 +30,21 @@ enum Mark {
     Phase(Regime, Phase),
     /// The end of a command buffer.
     End(Regime),
+    /// The end of a dispatch of kernel `names[i]`.
+    Kernel(Regime, usize),
 }
 
 /// The marks of one command buffer: (query, mark), in recording order.
 type Marks = Vec<(u32, Mark)>;
+
+/// A backend's timer, shared with its recorders (which stamp every dispatch).
+pub type SharedTimer = Arc<Mutex<DeviceTimer>>;
+
+/// The timer behind `t` (a panic while it was held leaves nothing half-written that
+/// matters: at worst one profile's figures).
+pub fn lock(t: &SharedTimer) -> MutexGuard<'_, DeviceTimer> {
+    t.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The device timer of one backend.
 pub struct DeviceTimer {
@@ -53,12 +65,14 @@ pub struct DeviceTimer {
     last_end: Option<u64>,
     /// Device times and waits not yet taken.
     acc: PhaseProfile,
+    /// Kernel names seen, indexed by [`Mark::Kernel`].
+    names: Vec<String>,
 }
 
 impl DeviceTimer {
     /// A timer on `ctx`'s device, or `None` where its compute queue (or, with one, its
     /// transfer queue) cannot write timestamps or the host cannot reset queries.
-    pub fn new(ctx: &VulkanContext) -> Result<Option<DeviceTimer>, VulkanError> {
+    pub fn new(ctx: &VulkanContext) -> Result<Option<SharedTimer>, VulkanError> {
         let p = ctx.device.physical_device();
         let families = p.queue_family_properties();
         let stamps = ctx.families().iter().all(|&f| families[f as usize].timestamp_valid_bits.is_some());
@@ -75,7 +89,7 @@ impl DeviceTimer {
         .map_err(verr("creating a timestamp query pool"))?;
         // SAFETY: nothing uses the new pool's queries yet.
         unsafe { pool.reset(0..QUERIES) }.map_err(verr("resetting timestamp queries"))?;
-        Ok(Some(DeviceTimer {
+        Ok(Some(Arc::new(Mutex::new(DeviceTimer {
             pool,
             period_ns: p.properties().timestamp_period as f64,
             next: 0,
@@ -85,7 +99,8 @@ impl DeviceTimer {
             submitted: Vec::new(),
             last_end: None,
             acc: PhaseProfile::default(),
-        }))
+            names: Vec::new(),
+        }))))
     }
 
     /// Writes a timestamp into `cb` (when a query is free, keeping one for the end).
@@ -122,6 +137,19 @@ impl DeviceTimer {
         }
         self.current = Some((regime, phase));
         self.stamp(cb, Mark::Phase(regime, phase), false)
+    }
+
+    /// Marks the end of a dispatch (or copy) of kernel `name` in the compute recording `cb`.
+    pub fn kernel(
+        &mut self,
+        name: &str,
+        cb: &mut AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>,
+    ) -> Result<(), VulkanError> {
+        let i = self.names.iter().position(|n| n == name).unwrap_or_else(|| {
+            self.names.push(name.to_string());
+            self.names.len() - 1
+        });
+        self.stamp(cb, Mark::Kernel(self.regime(), i), false)
     }
 
     /// Marks the start of an expert upload in the staging command buffer `cb`.
@@ -192,10 +220,19 @@ impl DeviceTimer {
             .map_err(verr("reading timestamps"))?;
         let ns = |ticks: u64| Duration::from_nanos((ticks as f64 * self.period_ns) as u64);
         for (transfer, marks) in self.submitted.drain(..) {
+            // The phase each gap belongs to: the last phase mark before it.
+            let mut phase = None;
             for w in marks.windows(2) {
-                let ((q0, m0), (q1, _)) = (w[0], w[1]);
+                let ((q0, m0), (q1, m1)) = (w[0], w[1]);
+                let gap = ns(ts[q1 as usize].saturating_sub(ts[q0 as usize]));
                 if let Mark::Phase(r, p) = m0 {
-                    self.acc.phase_mut(r, p).device += ns(ts[q1 as usize].saturating_sub(ts[q0 as usize]));
+                    phase = Some((r, p));
+                }
+                if let Some((r, p)) = phase {
+                    self.acc.phase_mut(r, p).device += gap;
+                }
+                if let Mark::Kernel(r, k) = m1 {
+                    self.acc.regime_mut(r).add_kernel(&self.names[k], 1, gap);
                 }
             }
             if transfer {
@@ -218,6 +255,9 @@ impl DeviceTimer {
     pub fn take(&mut self, into: &mut PhaseProfile) {
         for (dst, src) in into.regimes.iter_mut().zip(&mut self.acc.regimes) {
             dst.device_idle += std::mem::take(&mut src.device_idle);
+            for k in std::mem::take(&mut src.kernels) {
+                dst.add_kernel(&k.name, k.dispatches, k.device);
+            }
             for (d, s) in dst.phases.iter_mut().zip(&mut src.phases) {
                 d.device += std::mem::take(&mut s.device);
                 d.wait += std::mem::take(&mut s.wait);
