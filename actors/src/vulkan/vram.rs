@@ -16,6 +16,11 @@
 //! it used may then be refilled: the device orders the refill after the kernels that
 //! read them).
 //!
+//! A class with a slot for every expert of its layers never evicts: each expert has a
+//! *home* slot (its layer's rank in the class · experts per layer + expert), and a class
+//! buffer holds whole layers where one fits, so a device-routed step of a layer reads
+//! one buffer (one gate/up and one down dispatch) however many buffers the class has.
+//!
 //! A fill is only trusted once the host has waited for the work that copied it: if that
 //! work is abandoned (a failed pass), the slots it filled go back to empty. Expert
 //! weights are immutable, so a filled slot is never stale and no tier size changes a
@@ -103,6 +108,9 @@ pub struct VramTier {
     /// Per decoder layer, its class (or [`NONE`] for a layer without routed experts).
     layer_class: Vec<u32>,
     experts_per_layer: usize,
+    /// Per decoder layer, the home slot of its expert 0 (experts e at home + e), or
+    /// [`NONE`] where its class cannot hold every expert of its layers.
+    home: Vec<u32>,
     /// Per expert (layer · experts per layer + expert), the slot holding it or [`NONE`].
     slot_of: Vec<u32>,
     slots: Vec<Slot>,
@@ -192,6 +200,7 @@ impl VramTier {
         let mut tier = VramTier {
             classes: Vec::with_capacity(plan.len()),
             layer_class: vec![NONE; model.cfg.num_hidden_layers],
+            home: vec![NONE; model.cfg.num_hidden_layers],
             experts_per_layer: per_layer,
             slot_of: vec![NONE; model.cfg.num_hidden_layers * per_layer],
             slots: Vec::new(),
@@ -209,7 +218,12 @@ impl VramTier {
         };
         for c in &plan {
             let stride = c.stride as u64;
-            let per_buffer = (max_buffer / stride).clamp(1, u32::MAX as u64) as usize;
+            let homes = c.slots >= c.layers.len() * per_layer;
+            let mut per_buffer = (max_buffer / stride).clamp(1, u32::MAX as u64) as usize;
+            if homes && per_buffer >= per_layer {
+                // Whole layers per buffer.
+                per_buffer -= per_buffer % per_layer;
+            }
             let mut buffers = Vec::with_capacity(c.slots.div_ceil(per_buffer));
             let mut left = c.slots;
             while left > 0 {
@@ -232,8 +246,11 @@ impl VramTier {
                 busy: false,
                 unconfirmed: false,
             }));
-            for &l in &c.layers {
+            for (rank, &l) in c.layers.iter().enumerate() {
                 tier.layer_class[l] = tier.classes.len() as u32;
+                if homes {
+                    tier.home[l] = first + (rank * per_layer) as u32;
+                }
             }
             tier.classes.push(Class {
                 stride,
@@ -291,27 +308,50 @@ impl VramTier {
         next - self.classes[c].first
     }
 
-    /// The device-local buffers holding decoder layer `layer`'s experts (none for a
-    /// layer the tier does not serve).
+    /// The device-local buffers that may hold decoder layer `layer`'s experts (none for
+    /// a layer the tier does not serve): those its home slots span, else its class's.
     pub fn layer_buffers(&self, layer: usize) -> &[Subbuffer<[u8]>] {
         match self.layer_class.get(layer) {
-            Some(&c) if c != NONE => &self.classes[c as usize].buffers,
+            Some(&c) if c != NONE => {
+                let class = &self.classes[c as usize];
+                let b0 = self.first_buffer(layer) as usize;
+                let last = match self.home[layer] {
+                    NONE => class.buffers.len() - 1,
+                    h => {
+                        ((h - class.first) as usize + self.experts_per_layer - 1) / class.per_buffer as usize
+                    }
+                };
+                &class.buffers[b0..=last]
+            }
             _ => &[],
         }
     }
 
+    /// Index among its class's buffers of the first of [`Self::layer_buffers`].
+    fn first_buffer(&self, layer: usize) -> u32 {
+        match self.home[layer] {
+            NONE => 0,
+            h => {
+                (h - self.classes[self.layer_class[layer] as usize].first)
+                    / self.classes[self.layer_class[layer] as usize].per_buffer
+            }
+        }
+    }
+
     /// Writes the slot table the device reads: for each expert (layer · experts per
-    /// layer + expert), two words to `out`: the index among its class's buffers of the
-    /// buffer holding its filled slot and the slot's byte offset there, or (`u32::MAX`,
-    /// 0) for an expert without a confirmed copy.
+    /// layer + expert), two words to `out`: the index among its layer's
+    /// [`Self::layer_buffers`] of the buffer holding its filled slot and the slot's byte
+    /// offset there, or (`u32::MAX`, 0) for an expert without a confirmed copy.
     pub fn slot_words(&self, out: &mut [u32]) {
         for (flat, w) in out.chunks_exact_mut(2).enumerate().take(self.slot_of.len()) {
             let s = self.slot_of[flat];
             w.copy_from_slice(&match s != NONE && !self.slots[s as usize].unconfirmed {
                 true => {
-                    let class = &self.classes[self.layer_class[flat / self.experts_per_layer] as usize];
+                    let layer = flat / self.experts_per_layer;
+                    let class = &self.classes[self.layer_class[layer] as usize];
                     let i = s - class.first;
-                    [i / class.per_buffer, ((i % class.per_buffer) as u64 * class.stride) as u32]
+                    let b = i / class.per_buffer - self.first_buffer(layer);
+                    [b, ((i % class.per_buffer) as u64 * class.stride) as u32]
                 }
                 false => [NONE, 0],
             });
@@ -349,9 +389,13 @@ impl VramTier {
             self.use_slot(c, s);
             return Some(Placement::Hit(self.range(c, s, len)));
         }
-        // The least recently used slot the current batch has not placed.
-        let mut v = self.classes[c].tail;
-        while v != NONE && self.slots[v as usize].batch == self.batch {
+        // The expert's home slot (which no other expert uses), else the least recently
+        // used slot the current batch has not placed.
+        let mut v = match self.home[layer] {
+            NONE => self.classes[c].tail,
+            h => h + e as u32,
+        };
+        while v != NONE && self.slots[v as usize].batch == self.batch && self.home[layer] == NONE {
             v = self.slots[v as usize].prev;
         }
         if v == NONE {
