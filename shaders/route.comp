@@ -46,7 +46,7 @@ layout(set = 0, binding = 0) readonly buffer Slots { uint slots[]; };
 #define NONE 0xFFFFFFFFu
 shared float p[MAX_E];
 shared float redf[WG_SIZE];
-shared uint redi[WG_SIZE];
+shared uint order[MAX_E];  // the expert of each rank
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -92,45 +92,40 @@ void main() {
     }
     barrier();
 
-    // Rank r: the most probable expert not yet taken (the lower index on ties), found
-    // by a tree over each lane's best; a taken expert's probability becomes -1.
+    // Rank r is the expert with r experts before it in (probability descending, index
+    // ascending) order, NaN probabilities unranked: each expert counts the experts
+    // before it, all at once (one barrier, where taking them one at a time needed a
+    // reduction tree per rank), and ranks with no expert stay NONE.
+    for (uint r = tid; r < pc.ranks; r += WG_SIZE) {
+        order[r] = NONE;
+    }
+    barrier();
+    for (uint e = tid; e < pc.ne; e += WG_SIZE) {
+        float pe = p[e];
+        if (!(pe >= 0.0)) {
+            continue; // NaN
+        }
+        uint before = 0u;
+        for (uint f = 0u; f < pc.ne; f++) {
+            float pf = p[f];
+            before += (pf > pe || (pf == pe && f < e)) ? 1u : 0u;
+        }
+        if (before < pc.ranks) {
+            order[before] = e;
+        }
+    }
+    barrier();
     precise float wsum = 0.0;
-    for (uint r = 0u; r < pc.ranks; r++) {
-        float bv = -1.0;
-        uint bi = NONE;
-        for (uint e = tid; e < pc.ne; e += WG_SIZE) {
-            if (p[e] > bv) {
-                bv = p[e];
-                bi = e;
-            }
-        }
-        redf[tid] = bv;
-        redi[tid] = bi;
-        barrier();
-        for (uint s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
-            if (tid < s) {
-                float ov = redf[tid + s];
-                uint oi = redi[tid + s];
-                if (ov > redf[tid] || (ov == redf[tid] && oi < redi[tid])) {
-                    redf[tid] = ov;
-                    redi[tid] = oi;
-                }
-            }
-            barrier();
-        }
-        uint best = redi[0];
-        float w = redf[0];
-        if (tid == 0u) {
+    if (tid == 0u) {
+        for (uint r = 0u; r < pc.ranks; r++) {
+            uint best = order[r];
             act[dst + r] = uintBitsToFloat(best);
             if (r < pc.k) {
+                float w = best < pc.ne ? p[best] : -1.0;
                 act[dst + pc.ne + r] = w;
                 wsum = wsum + w;
             }
-            if (best < pc.ne) {
-                p[best] = -1.0;
-            }
         }
-        barrier();
     }
     if (tid == 0u && pc.norm != 0u) {
         for (uint r = 0u; r < pc.k; r++) {

@@ -814,3 +814,39 @@ fn gpu_sigmoid_agrees_with_the_cpus() {
     eprintln!("sigmoid on the GPU: {:.2}% bitwise the CPU's, worst {worst} ulp", 100.0 * share);
     assert!(worst <= 3 && share >= 0.98, "GPU sigmoid: worst {worst} ulp, {share} bitwise equal");
 }
+
+#[test]
+fn device_ranking_is_the_hosts() {
+    // `route.comp` against actors/src/router/rank.rs on rows of random logits, rows of
+    // many ties (which go to the lower index) and a row of equal logits: the same experts
+    // in the same order, the same weights within rounding; a row of NaN logits ranks no
+    // expert.
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 16, 16).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (ne, k, ranks) = (128usize, 8usize, 12usize);
+    let mut rows: Vec<Vec<f32>> = (0..3).map(|_| rand_vec(&mut rng, ne)).collect();
+    rows.extend((0..3).map(|_| (0..ne).map(|_| rng.gen_range(0..3) as f32).collect()));
+    rows.push(vec![0.25; ne]);
+    rows.push(vec![f32::NAN; ne]);
+    let m = rows.len();
+    h.write_act(0, &rows.concat()).unwrap();
+    let (out, stride) = (m * ne, ne + k + 1);
+    for norm in [false, true] {
+        h.route(ne as u32, k as u32, ranks as u32, norm, m as u32, out as u32).unwrap();
+        let got = h.read_act(out, m * stride).unwrap();
+        for (t, row) in rows.iter().enumerate() {
+            let g = &got[t * stride..(t + 1) * stride];
+            let ids: Vec<u32> = g[..ranks].iter().map(|v| v.to_bits()).collect();
+            if row[0].is_nan() {
+                assert!(ids.iter().all(|&e| e == u32::MAX), "row {t}: {ids:?}");
+                continue;
+            }
+            let (mut logits, mut ex, mut w) = (row.clone(), vec![0u16; ranks], vec![0f32; k]);
+            smoe_actors::router::rank::route(&mut logits, k, norm, &mut ex, &mut w);
+            assert_eq!(ids, ex.iter().map(|&e| e as u32).collect::<Vec<_>>(), "row {t}, norm {norm}");
+            let rel = max_rel(&g[ne..ne + k], &w);
+            assert!(rel < 1e-5, "row {t}, norm {norm}: weights {rel}");
+        }
+    }
+}

@@ -11,7 +11,7 @@
 //! only; claims, withdrawals and bets belong to the executor's MoE step, which holds the
 //! handles while its kernels read the slots.
 
-mod rank;
+pub mod rank;
 
 use std::sync::Arc;
 

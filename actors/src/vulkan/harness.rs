@@ -254,6 +254,22 @@ impl KernelHarness {
         self.run(|r| r.matmul(Projection::Dense, w.dtype, batched, w.set.clone(), a), reps)
     }
 
+    /// The router's ranking (`shaders/route.comp`) of `m` rows of `ne` gate logits at
+    /// activation offset 0: each row's `ranks` best experts (as float bits) and top-`k`
+    /// weights (renormalised with `norm`) at `out_off + t · (ne + k + 1)`.
+    pub fn route(
+        &self,
+        ne: u32,
+        k: u32,
+        ranks: u32,
+        norm: bool,
+        m: u32,
+        out_off: u32,
+    ) -> Result<(), VulkanError> {
+        let push = [ne, k, ranks, norm as u32, 0, out_off, ne + k + 1];
+        self.run(|r| r.dispatch(&self.kernels.route, None, push, [1, m, 1]), 1).map(|_| ())
+    }
+
     /// The fused gate/up + SiLU kernel over `gate`/`up` (bound by [`KernelHarness::pair`]).
     pub fn gate_up(
         &self,
