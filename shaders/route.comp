@@ -12,9 +12,11 @@
 // NaN logits are not ranked (a row of them ranks no expert: index NONE).
 //
 // With TABLE (`route_table`, one token: a decode step whose experts the VRAM tier may
-// hold, actors/src/vulkan/device_route.rs) it also writes the routing words with which
-// the expert kernels read the tier's buffers directly, at `tab_out` (layout at the end
-// of `main`), from the tier's slot of each expert (`slots`, written by the host).
+// hold, actors/src/vulkan/device_route.rs) it also writes, from the tier's slot of each
+// expert (`slots`, written by the host), the routing words with which the expert kernels
+// read the tier's buffers directly, into the routing buffer at `tab_out`, their indirect
+// dispatch sizes into `sizes`, and its output row into the host's readback buffer `io`
+// at `io_out` (layout at the end of `main`): no copy follows it.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -30,16 +32,21 @@ layout(push_constant) uniform Params {
     uint out_stride;  // act elements between tokens' outputs
 #ifdef TABLE
     uint slot_off;    // slots offset of this layer's first expert
-    uint buffers;     // tier buffers the layer's class has
-    uint tab_out;     // act offset of the routing words
+    uint buffers;     // tier buffers that may hold the layer's experts
+    uint tab_out;     // routing-buffer offset of the routing words
     uint gu_groups;   // workgroups (x) of one gate/up dispatch
     uint down_groups; // workgroups (x) of one down dispatch
+    uint io_out;      // io offset of the output row's copy
 #endif
 } pc;
 
 #ifdef TABLE
 // Per expert of every layer: (tier buffer of its slot or NONE, byte offset in it).
 layout(set = 0, binding = 0) readonly buffer Slots { uint slots[]; };
+// Per tier buffer, the indirect dispatch sizes: gate/up (x, n, 1), then down (x, n, 1).
+layout(set = 0, binding = 1) buffer Sizes { uint sizes[]; };
+// The host's readback buffer.
+layout(set = 0, binding = 2) buffer Io { float io[]; };
 #endif
 
 #define MAX_E 1024u
@@ -135,26 +142,24 @@ void main() {
     }
 #ifdef TABLE
     // The routing words of a decode step whose experts are read in the tier's buffers,
-    // at tab_out (offsets relative to it; B = buffers):
+    // at tab_out of the routing buffer (offsets relative to it):
     //   0 .. k:              the pair list (pair r is token 0's rank r)
-    //   k .. 2k:             the routing weights (as above)
+    //   k .. 2k:             the routing weights (as above, as float bits)
     //   2k + 3k·b ..:        tier buffer b's expert table, k entries of (byte offset,
     //                        first pair, 1 pair), its experts first
-    //   2k + 3kB + 6b ..:    buffer b's indirect dispatch sizes: gate/up (x, n, 1) and
-    //                        down (x, n, 1), n = its experts
-    // and the count of routed experts the tier does not hold at ne + k of the output
-    // row (then the step is void: the caller runs it again host-routed).
+    // buffer b's dispatch sizes at 6b of `sizes` (n = its experts), the count of routed
+    // experts the tier does not hold at ne + k of the output row (then the step is void:
+    // the caller runs it again host-routed), and the output row at io_out of `io`.
     if (tid == 0u) {
         uint o = pc.tab_out;
-        uint ind = o + 2u * pc.k + 3u * pc.k * pc.buffers;
         uint misses = 0u;
         for (uint r = 0u; r < pc.k; r++) {
             uint e = floatBitsToUint(act[dst + r]);
             if (e >= pc.ne || slots[2u * (pc.slot_off + e)] == NONE) {
                 misses++;
             }
-            act[o + r] = uintBitsToFloat(r);
-            act[o + pc.k + r] = act[dst + pc.ne + r];
+            route_u[o + r] = r;
+            route_u[o + pc.k + r] = floatBitsToUint(act[dst + pc.ne + r]);
         }
         for (uint b = 0u; b < pc.buffers; b++) {
             uint n = 0u;
@@ -163,20 +168,23 @@ void main() {
                 if (e < pc.ne && slots[2u * (pc.slot_off + e)] == b) {
                     e += pc.slot_off;
                     uint at = o + 2u * pc.k + 3u * (pc.k * b + n);
-                    act[at] = uintBitsToFloat(slots[2u * e + 1u]);
-                    act[at + 1u] = uintBitsToFloat(r);
-                    act[at + 2u] = uintBitsToFloat(1u);
+                    route_u[at] = slots[2u * e + 1u];
+                    route_u[at + 1u] = r;
+                    route_u[at + 2u] = 1u;
                     n++;
                 }
             }
-            act[ind + 6u * b] = uintBitsToFloat(pc.gu_groups);
-            act[ind + 6u * b + 1u] = uintBitsToFloat(n);
-            act[ind + 6u * b + 2u] = uintBitsToFloat(1u);
-            act[ind + 6u * b + 3u] = uintBitsToFloat(pc.down_groups);
-            act[ind + 6u * b + 4u] = uintBitsToFloat(n);
-            act[ind + 6u * b + 5u] = uintBitsToFloat(1u);
+            sizes[6u * b] = pc.gu_groups;
+            sizes[6u * b + 1u] = n;
+            sizes[6u * b + 2u] = 1u;
+            sizes[6u * b + 3u] = pc.down_groups;
+            sizes[6u * b + 4u] = n;
+            sizes[6u * b + 5u] = 1u;
         }
         act[dst + pc.ne + pc.k] = uintBitsToFloat(misses);
+        for (uint i = 0u; i < pc.out_stride; i++) {
+            io[pc.io_out + i] = act[dst + i];
+        }
     }
 #endif
 }

@@ -6,7 +6,6 @@ use crate::contract::Plane;
 use crate::model::Model;
 
 use super::attention::AttentionShape;
-use super::device_route::fast_words;
 use super::VulkanError;
 
 /// Offsets (f32 elements) of the regions of the activation arena, and each plane's row
@@ -23,8 +22,6 @@ pub struct Arena {
     /// Elements per row of `routed`: ranked experts (up to one per expert), top-k
     /// weights, and a device-routed step's miss count.
     pub routed_stride: u32,
-    /// The routing words of a device-routed step (see `route.comp`).
-    pub fast: u32,
     /// Per-(token, rank) expert outputs, `rows · k × hidden`.
     pub yk: u32,
     /// Logits of one row.
@@ -62,7 +59,6 @@ impl Arena {
         let router = take(m * c.num_experts);
         let routed_stride = c.num_experts + k + 1;
         let routed = take(m.max(c.num_hidden_layers) * routed_stride);
-        let fast = take(fast_words(k));
         let yk = take(m * k * c.hidden_size);
         let logits = take(c.vocab_size);
         let pos = take(1);
@@ -77,7 +73,6 @@ impl Arena {
             router,
             routed,
             routed_stride: routed_stride as u32,
-            fast,
             yk,
             logits,
             pos,

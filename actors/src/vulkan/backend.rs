@@ -98,9 +98,10 @@ impl VulkanBackend {
         if c.num_experts > MAX_EXPERTS {
             return Err(VulkanError::Unsupported(format!("{} experts > {MAX_EXPERTS}", c.num_experts)));
         }
-        let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref())?;
         let io_pos = io_logits + c.vocab_size;
-        let io = host_buffer::<f32>(&ctx, io_pos as u64 + 1, BufferUsage::empty())?;
+        // The device-routed steps' ranking kernel writes its rows here directly.
+        let io = host_buffer::<f32>(&ctx, io_pos as u64 + 1, BufferUsage::STORAGE_BUFFER)?;
+        let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref(), &io)?;
         let act_set = DescriptorSet::new(
             ctx.descriptors.clone(),
             kernels.act_layout.clone(),

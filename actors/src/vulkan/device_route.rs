@@ -35,12 +35,6 @@ use crate::vault::TensorRef;
 /// buffers, over 64 · 2 GiB, turns device routing off).
 pub const MAX_BUFFERS: usize = 64;
 
-/// Arena elements of a device-routed step's routing words (`route.comp`): the pair list
-/// and weights, an expert table per tier buffer, and two indirect dispatches per buffer.
-pub fn fast_words(k: usize) -> usize {
-    fast_route_words(k) + 6 * MAX_BUFFERS
-}
-
 /// Routing-buffer words of a device-routed step the expert kernels read: the pair
 /// list, the weights and the expert tables.
 pub fn fast_route_words(k: usize) -> usize {
@@ -51,7 +45,7 @@ pub fn fast_route_words(k: usize) -> usize {
 pub struct DeviceRoutes {
     /// The tier's slot table as the device reads it ([`VramTier::slot_words`]).
     slots: Subbuffer<[u32]>,
-    /// `route_table`'s set 0 (the slot table).
+    /// `route_table`'s set 0 (the slot table, `sizes`, the host's readback buffer).
     set: Arc<DescriptorSet>,
     /// The tier version the slot table shows (`None`: never written).
     written: Option<u64>,
@@ -64,12 +58,13 @@ pub struct DeviceRoutes {
 impl DeviceRoutes {
     /// The device side for `model` when `tier` holds every expert in buffers one
     /// binding can cover ([`VramTier::holds_all`]); `None` otherwise (steps are then
-    /// host-routed).
+    /// host-routed). Each step's ranking goes to `io`, which the host reads.
     pub fn new(
         ctx: &Arc<VulkanContext>,
         kernels: &Kernels,
         model: &Model,
         tier: Option<&VramTier>,
+        io: &Subbuffer<[f32]>,
     ) -> Result<Option<DeviceRoutes>, VulkanError> {
         let Some(tier) = tier else { return Ok(None) };
         if !tier.holds_all(ctx.info.max_storage_buffer_range, MAX_BUFFERS) {
@@ -79,11 +74,15 @@ impl DeviceRoutes {
         let c = &model.cfg;
         let words = 2 * c.num_hidden_layers * c.num_experts;
         let slots = upload_buffer::<u32>(ctx, words as u64, BufferUsage::STORAGE_BUFFER)?;
-        let set = set0(ctx, &kernels.route_table, &[slots.clone().into_bytes()])?;
         let sizes = device_buffer::<DispatchIndirectCommand>(
             ctx,
             2 * MAX_BUFFERS as u64,
             BufferUsage::INDIRECT_BUFFER | BufferUsage::STORAGE_BUFFER,
+        )?;
+        let set = set0(
+            ctx,
+            &kernels.route_table,
+            &[slots.clone().into_bytes(), sizes.clone().into_bytes(), io.clone().into_bytes()],
         )?;
         Ok(Some(DeviceRoutes { slots, set, written: None, sizes, layers: Vec::new() }))
     }
@@ -140,6 +139,8 @@ impl VulkanBackend {
         self.record_gate(gate, 1)?;
         let a = self.a;
         let out = a.routed + l as u32 * a.routed_stride;
+        let fast_off = self.ex.fast_off;
+        let io_at = self.io_routed + l * a.routed_stride as usize;
         let push = [
             ne as u32,
             k as u32,
@@ -150,28 +151,12 @@ impl VulkanBackend {
             a.routed_stride,
             (l * ne) as u32,
             nb as u32,
-            a.fast,
+            fast_off as u32,
             gu_groups,
             down_groups,
+            io_at as u32,
         ];
-        let fast_off = self.ex.fast_off;
-        let (route_words, size_words) = (2 * k + 3 * k * nb, 6 * nb);
-        let (act, route_buf, io, io_routed) =
-            (self.act.clone(), self.ex.route_buf.clone(), self.io.clone(), self.io_routed);
-        let rec = self.rec()?;
-        rec.dispatch(&kernels.route_table, Some(set), push, [1, 1, 1])?;
-        let words = |from: u32, n: usize| act.clone().slice(from as u64..from as u64 + n as u64);
-        rec.copy(
-            words(a.fast, route_words).reinterpret::<[u32]>(),
-            route_buf.slice(fast_off as u64..(fast_off + route_words) as u64),
-        )?;
-        rec.copy(
-            words(a.fast + route_words as u32, size_words).into_bytes(),
-            sizes.clone().slice(0..2 * nb as u64).into_bytes(),
-        )?;
-        let row = a.routed_stride as u64;
-        let io_at = io_routed as u64 + l as u64 * row;
-        rec.copy(words(out, row as usize), io.slice(io_at..io_at + row))?;
+        self.rec()?.dispatch(&kernels.route_table, Some(set), push, [1, 1, 1])?;
         for (b, buf) in buffers.iter().enumerate() {
             let (down, gu) = self.window_sets(buf, 0, self.ctx.info.max_storage_buffer_range)?;
             let tab_off = (fast_off + 2 * k + 3 * k * b) as u32;
