@@ -127,16 +127,26 @@ void chunk_scores(uint c, uint nmax) {
     FOR8(i, s[i] = 0.0;)
     for (uint d0 = 0u; d0 < pc.hd; d0 += DK) {
         uint w4 = min(DK, pc.hd - d0) / 4u;
+        // The slice's Q (rows · w4 <= 256 vec4s) and K (CH · w4 <= 512) are loaded into
+        // registers first, all loads in flight at once and while the previous slice's
+        // readers finish, then stored.
+        vec4 qv = vec4(0.0);
+        if (tid < pc.rows * w4 && row_n(tid / w4) > 0u) {
+            qv = act4[row_at(pc.q_off, tid / w4) + d0 / 4u + tid % w4];
+        }
+        vec4 kv[2];
+#define K_LOAD {                                                              \
+            uint e = tid + 256u * u;                                          \
+            uint pos = c * CH + e / w4;                                       \
+            kv[u] = (e < CH * w4 && pos < nmax) ? kc[pos * kvd4 + (g * pc.hd + d0) / 4u + e % w4] : vec4(0.0); \
+        }
+        FOR2(u, K_LOAD)
+#undef K_LOAD
         barrier();
-        for (uint e = tid; e < pc.rows * w4; e += 256u) {
-            uint r = e / w4, x = e % w4;
-            qs[r * KS4 + x] = row_n(r) > 0u ? act4[row_at(pc.q_off, r) + d0 / 4u + x] : vec4(0.0);
+        if (tid < pc.rows * w4) {
+            qs[(tid / w4) * KS4 + tid % w4] = qv;
         }
-        for (uint e = tid; e < CH * w4; e += 256u) {
-            uint jj = e / w4, x = e % w4;
-            uint pos = c * CH + jj;
-            stage[jj * KS4 + x] = pos < nmax ? kc[pos * kvd4 + (g * pc.hd + d0) / 4u + x] : vec4(0.0);
-        }
+        FOR2(u, if (tid + 256u * u < CH * w4) { stage[((tid + 256u * u) / w4) * KS4 + (tid + 256u * u) % w4] = kv[u]; })
         barrier();
         for (uint x = 0u; x < w4; x++) {
             vec4 k = stage[j * KS4 + x];
@@ -264,11 +274,20 @@ void main() {
         chunk_scores(c, nmax);
         FOR4(i, o[i] = vec4(0.0); l[i] = 0.0; cnt[i] = chunk_count(c, pv_row(i));)
         for (uint j0 = 0u; j0 < CH && c * CH + j0 < nmax; j0 += jv) {
+            // V rows (jv · hd4 <= STAGE4 = 576 vec4s, at most 3 a thread) loaded like K.
+            vec4 vv[3];
+#define V_LOAD {                                                              \
+                uint e = tid + 256u * u;                                      \
+                uint jj = e / hd4;                                            \
+                uint pos = c * CH + j0 + jj;                                  \
+                vv[u] = (e < jv * hd4 && j0 + jj < CH && pos < nmax) ? vc[pos * kvd4 + g * hd4 + e % hd4] : vec4(0.0); \
+            }
+            FOR2(u, V_LOAD) { const uint u = 2u; V_LOAD }
+#undef V_LOAD
             barrier();
-            for (uint e = tid; e < jv * hd4; e += 256u) {
-                uint jj = e / hd4, x = e % hd4;
-                uint pos = c * CH + j0 + jj;
-                stage[jj * hd4 + x] = (j0 + jj < CH && pos < nmax) ? vc[pos * kvd4 + g * hd4 + x] : vec4(0.0);
+            FOR2(u, if (tid + 256u * u < jv * hd4) { stage[tid + 256u * u] = vv[u]; })
+            if (tid + 512u < jv * hd4) {
+                stage[tid + 512u] = vv[2];
             }
             barrier();
             uint jn = min(jv, CH - j0);

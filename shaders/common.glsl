@@ -35,8 +35,14 @@ layout(set = 1, binding = 0) buffer Act { vec4 act4[]; };
 #else
 layout(set = 1, binding = 0) buffer Act { float act[]; };
 #endif
+#ifdef ROUTE_WRITE
+// The one kernel that writes the routing buffer (a device-routed step's routing words)
+// declares it once, writable (see the arena above).
+layout(set = 1, binding = 1) buffer RouteU { uint route_u[]; };
+#else
 layout(set = 1, binding = 1) readonly buffer RouteU { uint route_u[]; };
 layout(set = 1, binding = 1) readonly buffer RouteF { float route_f[]; };
+#endif
 
 float bf16_lo(uint w) { return uintBitsToFloat(w << 16); }
 float bf16_hi(uint w) { return uintBitsToFloat(w & 0xFFFF0000u); }
@@ -152,13 +158,39 @@ float log1pf_(float x) {
     return y;
 }
 
-// σ(x) = 1 / (1 + e^−x) and SiLU x·σ(x) = x / (1 + e^−x), as actors/src/cpu writes them.
-float sigmoid(float x) {
-    precise float y = 1.0 / (1.0 + expf_(-x));
+// The halves of x (Veltkamp's split: x = hi + lo exactly, each half 12 significant bits).
+vec2 split12(float x) {
+    precise float c = 4097.0 * x;
+    precise float hi = c - (c - x);
+    precise float lo = x - hi;
+    return vec2(hi, lo);
+}
+
+// a / b for 1 <= b < 2^100, rounded as the CPU's division is: Vulkan lets OpFDiv be 2.5
+// ulp off (NVIDIA's is), so its quotient q is corrected once by the residual a − q·b,
+// formed exactly with Dekker's product (GLSL's fma may round twice); larger b keeps the
+// plain quotient.
+float div_rn(float a, float b) {
+    precise float q = a / b;
+    if (!(b < 1.0e30)) {
+        return q;
+    }
+    vec2 qs = split12(q);
+    vec2 bs = split12(b);
+    precise float p = q * b;
+    precise float err = ((qs.x * bs.x - p) + qs.x * bs.y + qs.y * bs.x) + qs.y * bs.y;
+    precise float e = (a - p) - err;
+    precise float y = q + e / b;
     return y;
 }
 
+// σ(x) = 1 / (1 + e^−x) and SiLU x·σ(x) = x / (1 + e^−x), as actors/src/cpu writes them.
+float sigmoid(float x) {
+    precise float d = 1.0 + expf_(-x);
+    return div_rn(1.0, d);
+}
+
 float silu(float x) {
-    precise float y = x / (1.0 + expf_(-x));
-    return y;
+    precise float d = 1.0 + expf_(-x);
+    return div_rn(x, d);
 }

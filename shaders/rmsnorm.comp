@@ -27,6 +27,21 @@ layout(set = 0, binding = 0) readonly buffer Nw { float nw[]; };
 
 shared float red[WG_SIZE];
 
+// Hand-unrolled loops over register arrays (constant indices; see matmul.comp).
+#define FOR2(x, B) { const uint x = 0u; B } { const uint x = 1u; B }
+#define FOR4(x, B) FOR2(x, B) { const uint x = 2u; B } { const uint x = 3u; B }
+#define FOR8(x, B) FOR4(x, B) { const uint x = 4u; B } { const uint x = 5u; B } \
+    { const uint x = 6u; B } { const uint x = 7u; B }
+#define FOR16(x, B) FOR8(x, B) { const uint x = 8u; B } { const uint x = 9u; B } \
+    { const uint x = 10u; B } { const uint x = 11u; B } { const uint x = 12u; B } \
+    { const uint x = 13u; B } { const uint x = 14u; B } { const uint x = 15u; B }
+#define RC 16u // elements a thread keeps in registers (rows of up to RC · WG_SIZE)
+#ifdef GATED
+#define GATE(code) code
+#else
+#define GATE(code)
+#endif
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint t = gl_WorkGroupID.y;
@@ -38,8 +53,19 @@ void main() {
     oi += head;
     uint zi = pc.z_off + t * pc.z_stride + head;
 #endif
+    // Element i = tid + WG_SIZE · j of the row: the first RC of each thread are loaded
+    // at once (their loads in flight together) and kept for the second pass; a longer
+    // row's rest is read one at a time. The sum of squares runs over j in order.
+    float xv[RC];
+#define X_LOAD xv[j] = tid + WG_SIZE * j < pc.n ? act[xi + tid + WG_SIZE * j] : 0.0;
+    FOR16(j, X_LOAD)
     precise float ss = 0.0;
-    for (uint i = tid; i < pc.n; i += WG_SIZE) {
+#define X_SQUARE                                                               \
+    if (tid + WG_SIZE * j < pc.n) {                                            \
+        ss = ss + xv[j] * xv[j];                                               \
+    }
+    FOR16(j, X_SQUARE)
+    for (uint i = tid + RC * WG_SIZE; i < pc.n; i += WG_SIZE) {
         float v = act[xi + i];
         ss = ss + v * v;
     }
@@ -54,12 +80,24 @@ void main() {
     }
     precise float ms = red[0] / float(pc.n);
     precise float r = 1.0 / sqrt(ms + pc.eps);
-    for (uint i = tid; i < pc.n; i += WG_SIZE) {
-        precise float o = nw[i] * (act[xi + i] * r);
+    float wv[RC];
+#define W_LOAD wv[j] = tid + WG_SIZE * j < pc.n ? nw[tid + WG_SIZE * j] : 0.0;
+    FOR16(j, W_LOAD)
 #ifdef GATED
-        float z = act[zi + i];
-        o = o * silu(z);
+    float zv[RC];
+#define Z_LOAD zv[j] = tid + WG_SIZE * j < pc.n ? act[zi + tid + WG_SIZE * j] : 0.0;
+    FOR16(j, Z_LOAD)
 #endif
+#define Y_STORE                                                                \
+    if (tid + WG_SIZE * j < pc.n) {                                            \
+        precise float o = wv[j] * (xv[j] * r);                                 \
+        GATE(o = o * silu(zv[j]);)                                             \
+        act[oi + tid + WG_SIZE * j] = o;                                       \
+    }
+    FOR16(j, Y_STORE)
+    for (uint i = tid + RC * WG_SIZE; i < pc.n; i += WG_SIZE) {
+        precise float o = nw[i] * (act[xi + i] * r);
+        GATE(o = o * silu(act[zi + i]);)
         act[oi + i] = o;
     }
 }

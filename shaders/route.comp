@@ -54,6 +54,11 @@ layout(set = 0, binding = 2) buffer Io { float io[]; };
 shared float p[MAX_E];
 shared float redf[WG_SIZE];
 shared uint order[MAX_E];  // the expert of each rank
+shared float wts[MAX_E];   // the top-k weights
+#ifdef TABLE
+shared uint slot_buf[MAX_E];  // per routed expert: its slot's tier buffer (NONE: none)
+shared uint slot_at[MAX_E];   // and byte offset there
+#endif
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -122,23 +127,38 @@ void main() {
         }
     }
     barrier();
-    precise float wsum = 0.0;
+    // The top-k weights (summed in rank order, then divided), then the outputs, written
+    // in parallel.
     if (tid == 0u) {
-        for (uint r = 0u; r < pc.ranks; r++) {
+        precise float wsum = 0.0;
+        for (uint r = 0u; r < pc.k; r++) {
             uint best = order[r];
-            act[dst + r] = uintBitsToFloat(best);
-            if (r < pc.k) {
-                float w = best < pc.ne ? p[best] : -1.0;
-                act[dst + pc.ne + r] = w;
-                wsum = wsum + w;
+            float w = best < pc.ne ? p[best] : -1.0;
+            wts[r] = w;
+            wsum = wsum + w;
+        }
+        if (pc.norm != 0u) {
+            for (uint r = 0u; r < pc.k; r++) {
+                precise float q = wts[r] / wsum;
+                wts[r] = q;
             }
         }
     }
-    if (tid == 0u && pc.norm != 0u) {
-        for (uint r = 0u; r < pc.k; r++) {
-            precise float q = act[dst + pc.ne + r] / wsum;
-            act[dst + pc.ne + r] = q;
-        }
+#ifdef TABLE
+    // Each routed expert's tier slot, read once for the tables below.
+    for (uint r = tid; r < pc.k; r += WG_SIZE) {
+        uint e = order[r];
+        uint at = 2u * (pc.slot_off + min(e, pc.ne - 1u));
+        slot_buf[r] = e < pc.ne ? slots[at] : NONE;
+        slot_at[r] = slots[at + 1u];
+    }
+#endif
+    barrier();
+    for (uint r = tid; r < pc.ranks; r += WG_SIZE) {
+        act[dst + r] = uintBitsToFloat(order[r]);
+    }
+    for (uint r = tid; r < pc.k; r += WG_SIZE) {
+        act[dst + pc.ne + r] = wts[r];
     }
 #ifdef TABLE
     // The routing words of a decode step whose experts are read in the tier's buffers,
@@ -149,42 +169,42 @@ void main() {
     //                        first pair, 1 pair), its experts first
     // buffer b's dispatch sizes at 6b of `sizes` (n = its experts), the count of routed
     // experts the tier does not hold at ne + k of the output row (then the step is void:
-    // the caller runs it again host-routed), and the output row at io_out of `io`.
+    // the caller runs it again host-routed), and the output row's ranks, weights and
+    // misses at io_out of `io`. Thread b writes buffer b's table.
+    uint o = pc.tab_out;
+    for (uint r = tid; r < pc.k; r += WG_SIZE) {
+        route_u[o + r] = r;
+        route_u[o + pc.k + r] = floatBitsToUint(wts[r]);
+        io[pc.io_out + pc.ne + r] = wts[r];
+    }
+    for (uint r = tid; r < pc.ranks; r += WG_SIZE) {
+        io[pc.io_out + r] = uintBitsToFloat(order[r]);
+    }
+    for (uint b = tid; b < pc.buffers; b += WG_SIZE) {
+        uint n = 0u;
+        for (uint r = 0u; r < pc.k; r++) {
+            if (slot_buf[r] == b) {
+                uint at = o + 2u * pc.k + 3u * (pc.k * b + n);
+                route_u[at] = slot_at[r];
+                route_u[at + 1u] = r;
+                route_u[at + 2u] = 1u;
+                n++;
+            }
+        }
+        sizes[6u * b] = pc.gu_groups;
+        sizes[6u * b + 1u] = n;
+        sizes[6u * b + 2u] = 1u;
+        sizes[6u * b + 3u] = pc.down_groups;
+        sizes[6u * b + 4u] = n;
+        sizes[6u * b + 5u] = 1u;
+    }
     if (tid == 0u) {
-        uint o = pc.tab_out;
         uint misses = 0u;
         for (uint r = 0u; r < pc.k; r++) {
-            uint e = floatBitsToUint(act[dst + r]);
-            if (e >= pc.ne || slots[2u * (pc.slot_off + e)] == NONE) {
-                misses++;
-            }
-            route_u[o + r] = r;
-            route_u[o + pc.k + r] = floatBitsToUint(act[dst + pc.ne + r]);
-        }
-        for (uint b = 0u; b < pc.buffers; b++) {
-            uint n = 0u;
-            for (uint r = 0u; r < pc.k; r++) {
-                uint e = floatBitsToUint(act[dst + r]);
-                if (e < pc.ne && slots[2u * (pc.slot_off + e)] == b) {
-                    e += pc.slot_off;
-                    uint at = o + 2u * pc.k + 3u * (pc.k * b + n);
-                    route_u[at] = slots[2u * e + 1u];
-                    route_u[at + 1u] = r;
-                    route_u[at + 2u] = 1u;
-                    n++;
-                }
-            }
-            sizes[6u * b] = pc.gu_groups;
-            sizes[6u * b + 1u] = n;
-            sizes[6u * b + 2u] = 1u;
-            sizes[6u * b + 3u] = pc.down_groups;
-            sizes[6u * b + 4u] = n;
-            sizes[6u * b + 5u] = 1u;
+            misses += slot_buf[r] == NONE ? 1u : 0u;
         }
         act[dst + pc.ne + pc.k] = uintBitsToFloat(misses);
-        for (uint i = 0u; i < pc.out_stride; i++) {
-            io[pc.io_out + i] = act[dst + i];
-        }
+        io[pc.io_out + pc.ne + pc.k] = uintBitsToFloat(misses);
     }
 #endif
 }
