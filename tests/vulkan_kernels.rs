@@ -14,7 +14,7 @@ use smoe_actors::cpu::quantize::encode_rows;
 use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
     weight_unit, AttentionArgs, AttentionShape, DeltaArgs, KernelHarness, MatmulArgs, MatmulTuning,
-    Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
+    Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE, WIDE_ROWS,
 };
 use smoe_proto::DType;
 
@@ -138,7 +138,9 @@ fn batched_matmul_is_byte_identical_to_matvec() {
     let Some(ctx) = vulkan::context() else { return };
     let h = KernelHarness::new(ctx, 1 << 20, 1024).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for &(rows, cols, m) in SHAPES {
+    // The last shape is an LM head's: its m=1 product takes the wide matvec.
+    let wide = (WIDE_ROWS as usize + 3, 256, 2);
+    for &(rows, cols, m) in SHAPES.iter().chain([&wide]) {
         let mats: Vec<Mat> = dtypes(cols).map(|d| Mat::random(&mut rng, d, rows, cols)).collect();
         // x_off 0 takes the vector path where shapes allow; 3 forces the scalar path.
         for x_off in [0usize, 3] {
@@ -826,7 +828,7 @@ fn device_ranking_is_the_hosts() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let (ne, k, ranks) = (128usize, 8usize, 12usize);
     let mut rows: Vec<Vec<f32>> = (0..3).map(|_| rand_vec(&mut rng, ne)).collect();
-    rows.extend((0..3).map(|_| (0..ne).map(|_| rng.gen_range(0..3) as f32).collect()));
+    rows.extend((0..3).map(|_| (0..ne).map(|_| rng.random_range(0..3) as f32).collect()));
     rows.push(vec![0.25; ne]);
     rows.push(vec![f32::NAN; ne]);
     let m = rows.len();

@@ -130,7 +130,7 @@ impl VulkanBackend {
         let (g0, d0) = self.expert_args(&layout);
         let kernels = self.kernels.clone();
         let groups = |p: Projection, dtype, a: &MatmulArgs| -> Result<u32, VulkanError> {
-            Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false).rows_per_wg()))
+            Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false, a.rows).rows_per_wg()))
         };
         let (gu_groups, down_groups) = (
             groups(Projection::GateUp, layout.gate.dtype, &g0)?,

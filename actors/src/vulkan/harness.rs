@@ -22,6 +22,7 @@ use crate::tensor::WeightView;
 
 pub use super::record::{
     weight_unit, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
+    WIDE_ROWS,
 };
 pub use vulkano::descriptor_set::DescriptorSet;
 

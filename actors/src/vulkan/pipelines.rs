@@ -86,6 +86,10 @@ impl Kernel {
 pub struct TypedKernels {
     /// m=1 matrix-vector product.
     pub matvec: Kernel,
+    /// `matvec` with two rows per lane group, for matrices of at least
+    /// [`super::record::WIDE_ROWS`] rows (the same bytes: rows per lane group never change
+    /// a summation order).
+    pub matvec_wide: Kernel,
     /// Token-batched sibling of `matvec`.
     pub matmul: Kernel,
     /// m=1 fused gate/up projection with SiLU.
@@ -256,6 +260,7 @@ impl Kernels {
         // The batched kernels hold 8 tokens' accumulators: one row per lane group.
         let built = TypedKernels {
             matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll)?,
+            matvec_wide: build(format!("matvec_{ty}"), 2, t.unroll)?,
             matmul: build(format!("matmul_{ty}"), 1, t.unroll.min(2))?,
             gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll)?,
             gate_up_batched: build(format!("gate_up_batched_{ty}"), 1, t.unroll.min(2))?,

@@ -99,10 +99,17 @@ pub enum Projection {
     Down,
 }
 
+/// Rows from which an m=1 dense product uses the wide matvec (two rows per lane group):
+/// an LM head. On the H200 (`bench/results/vulkan-h200-rows-2026-12-01.txt`) two rows took
+/// the 151936 × 2048 Q4_K matvec from 176 to 125 us and Q6_K's from 338 to 311, bf16's
+/// unchanged (146 / 143); at q_proj's 4096 rows Q6_K was slower with two.
+pub const WIDE_ROWS: u32 = 32768;
+
 impl Projection {
-    /// The kernel of `t` that computes this product (`batched` or m=1).
-    pub(super) fn kernel(self, t: &TypedKernels, batched: bool) -> &Kernel {
+    /// The kernel of `t` that computes this product (`batched` or m=1) over `rows` rows.
+    pub(super) fn kernel(self, t: &TypedKernels, batched: bool, rows: u32) -> &Kernel {
         match (self, batched) {
+            (Projection::Dense, false) if rows >= WIDE_ROWS => &t.matvec_wide,
             (Projection::Dense, false) => &t.matvec,
             (Projection::Down, false) => &t.down,
             (Projection::Dense | Projection::Down, true) => &t.matmul,
@@ -244,7 +251,7 @@ impl Recorder {
         if self.discard {
             return Ok(());
         }
-        let k = p.kernel(self.kernels.typed(dtype)?, false).clone();
+        let k = p.kernel(self.kernels.typed(dtype)?, false, a.rows).clone();
         self.bind(&k, Some(set), a.words())?;
         // SAFETY: as `dispatch`; the table entries and sizes come from `route.comp`, which
         // writes at most k entries per buffer and counts of at most k.
@@ -262,7 +269,7 @@ impl Recorder {
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        let k = p.kernel(self.kernels.typed(dtype)?, batched).clone();
+        let k = p.kernel(self.kernels.typed(dtype)?, batched, a.rows).clone();
         self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
     }
 
