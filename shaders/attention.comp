@@ -56,13 +56,6 @@ layout(push_constant) uniform Params {
 #define STAGE4 576u     // vec4s of the K/V stage (CH · KS4)
 #define NEG_INF (-1.0 / 0.0)
 
-// Hand-unrolled loops over register arrays (constant indices; see matmul.comp).
-#define FOR1(x, B) { const uint x = 0u; B }
-#define FOR2(x, B) FOR1(x, B) { const uint x = 1u; B }
-#define FOR4(x, B) FOR2(x, B) { const uint x = 2u; B } { const uint x = 3u; B }
-#define FOR8(x, B) FOR4(x, B) { const uint x = 4u; B } { const uint x = 5u; B } \
-    { const uint x = 6u; B } { const uint x = 7u; B }
-
 // A row's chunk merged into its running state (M, L, acc); `first` starts the state.
 void merge(bool first, float mc, float lc, vec4 oc, inout float M, inout float L, inout vec4 acc) {
     if (first) {

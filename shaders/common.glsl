@@ -16,6 +16,25 @@
 
 #define WG_SIZE 256u
 
+// Hand-unrolled loops. A loop whose body indexes a register array is written
+// FOR_X(BODY): the preprocessor pastes BODY once per value of its index x, each copy in
+// its own scope where x is a `const uint`, so every array index is a compile-time
+// constant and the arrays can live in registers. No loop needs [[unroll]]: spirv-opt's
+// unrolled copies lose NoContraction (README.md, "Identity"), while code pasted by the
+// preprocessor is ordinary source that glslang decorates. A BODY is an object-like macro
+// defined next to its use (it may contain FOR_Y of another index, and no top-level
+// comma). The copies run in index order, so each accumulator sees the same sequence of
+// adds as a rolled loop would give it.
+#define FOR1(x, B) { const uint x = 0u; B }
+#define FOR2(x, B) FOR1(x, B) { const uint x = 1u; B }
+#define FOR4(x, B) FOR2(x, B) { const uint x = 2u; B } { const uint x = 3u; B }
+#define FOR8(x, B) FOR4(x, B) { const uint x = 4u; B } { const uint x = 5u; B } \
+                              { const uint x = 6u; B } { const uint x = 7u; B }
+#define FOR16(x, B) FOR8(x, B) { const uint x = 8u; B } { const uint x = 9u; B }     \
+                               { const uint x = 10u; B } { const uint x = 11u; B }   \
+                               { const uint x = 12u; B } { const uint x = 13u; B }   \
+                               { const uint x = 14u; B } { const uint x = 15u; B }
+
 // Flags of the matmul / gate-up push constants.
 #define FLAG_ACCUMULATE 1u   // out += result (residual add) instead of out = result
 #define FLAG_GATHER 2u       // x row of token j is route_u[map_off + j] / map_div

@@ -53,21 +53,8 @@ layout(push_constant) uniform Params {
     uint tab_off;    // route_u offset of the expert table (FLAG_TABLE)
 } pc;
 
-// Hand-unrolled loops. A loop whose body indexes a register array (wrow, xb, wq, uq, wv,
-// uv, xq, acc) is written FOR_X(BODY): the preprocessor pastes BODY once per value of its
-// index x, each copy in its own scope where x is a `const uint`, so every array index is
-// a compile-time constant and the arrays can live in registers. No loop needs
-// [[unroll]]: spirv-opt's unrolled copies lose NoContraction (README.md, "Identity"),
-// while code pasted by the preprocessor is ordinary source that glslang decorates. A
-// BODY is an object-like macro defined next to its use (it may contain FOR_Y of another
-// index, and no top-level comma); GU(code) keeps code in the GATE_UP variants only. The
-// copies run in index order, so each accumulator sees the same sequence of adds as a
-// rolled loop would give it.
-#define FOR1(x, B) { const uint x = 0u; B }
-#define FOR2(x, B) FOR1(x, B) { const uint x = 1u; B }
-#define FOR4(x, B) FOR2(x, B) { const uint x = 2u; B } { const uint x = 3u; B }
-#define FOR8(x, B) FOR4(x, B) { const uint x = 4u; B } { const uint x = 5u; B } \
-                              { const uint x = 6u; B } { const uint x = 7u; B }
+// Loops whose body indexes a register array (wrow, xb, wq, uq, wv, uv, xq, acc) are
+// written FOR_X(BODY) (common.glsl); GU(code) keeps code in the GATE_UP variants only.
 
 #define MAX_UNROLL 8u
 #define FOR_V(B) FOR8(v, B) // chunk v < MAX_UNROLL of a lane's batch

@@ -27,15 +27,8 @@ layout(set = 0, binding = 0) readonly buffer Nw { float nw[]; };
 
 shared float red[WG_SIZE];
 
-// Hand-unrolled loops over register arrays (constant indices; see matmul.comp).
-#define FOR2(x, B) { const uint x = 0u; B } { const uint x = 1u; B }
-#define FOR4(x, B) FOR2(x, B) { const uint x = 2u; B } { const uint x = 3u; B }
-#define FOR8(x, B) FOR4(x, B) { const uint x = 4u; B } { const uint x = 5u; B } \
-    { const uint x = 6u; B } { const uint x = 7u; B }
-#define FOR16(x, B) FOR8(x, B) { const uint x = 8u; B } { const uint x = 9u; B } \
-    { const uint x = 10u; B } { const uint x = 11u; B } { const uint x = 12u; B } \
-    { const uint x = 13u; B } { const uint x = 14u; B } { const uint x = 15u; B }
 #define RC 16u // elements a thread keeps in registers (rows of up to RC · WG_SIZE)
+// GATE(code) keeps code in the gated norm only.
 #ifdef GATED
 #define GATE(code) code
 #else

@@ -165,7 +165,8 @@ pub struct RegimeProfile {
 /// wait and launch count with the kernel that waited.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct KernelTimes {
-    /// The kernel's module name (`matvec_bf16`, `attention`, ...; `copy` for buffer copies).
+    /// The kernel: its module (`attention_split`, `rmsnorm`, ...), with the weight shape
+    /// (rows x cols) for the matmul family (`matvec_bf16 512x2048`); `copy` for copies.
     pub name: String,
     /// Dispatches recorded.
     pub dispatches: u64,
@@ -175,7 +176,7 @@ pub struct KernelTimes {
 }
 
 impl RegimeProfile {
-    /// Adds `device` time of one dispatch of kernel `name`.
+    /// Adds `dispatches` dispatches of kernel `name` that took `device` in all.
     pub fn add_kernel(&mut self, name: &str, dispatches: u64, device: Duration) {
         let i = match self.kernels.iter().position(|k| k.name == name) {
             Some(i) => i,

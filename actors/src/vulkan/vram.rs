@@ -312,28 +312,20 @@ impl VramTier {
     /// a layer the tier does not serve): those its home slots span, else its class's.
     pub fn layer_buffers(&self, layer: usize) -> &[Subbuffer<[u8]>] {
         match self.layer_class.get(layer) {
-            Some(&c) if c != NONE => {
-                let class = &self.classes[c as usize];
-                let b0 = self.first_buffer(layer) as usize;
-                let last = match self.home[layer] {
-                    NONE => class.buffers.len() - 1,
-                    h => {
-                        ((h - class.first) as usize + self.experts_per_layer - 1) / class.per_buffer as usize
-                    }
-                };
-                &class.buffers[b0..=last]
-            }
+            Some(&c) if c != NONE => &self.classes[c as usize].buffers[self.layer_span(layer)],
             _ => &[],
         }
     }
 
-    /// Index among its class's buffers of the first of [`Self::layer_buffers`].
-    fn first_buffer(&self, layer: usize) -> u32 {
+    /// The indices among its class's buffers of [`Self::layer_buffers`] (a layer the
+    /// tier serves).
+    fn layer_span(&self, layer: usize) -> std::ops::RangeInclusive<usize> {
+        let class = &self.classes[self.layer_class[layer] as usize];
         match self.home[layer] {
-            NONE => 0,
+            NONE => 0..=class.buffers.len() - 1,
             h => {
-                (h - self.classes[self.layer_class[layer] as usize].first)
-                    / self.classes[self.layer_class[layer] as usize].per_buffer
+                let (first, per) = ((h - class.first) as usize, class.per_buffer as usize);
+                first / per..=(first + self.experts_per_layer - 1) / per
             }
         }
     }
@@ -350,7 +342,7 @@ impl VramTier {
                     let layer = flat / self.experts_per_layer;
                     let class = &self.classes[self.layer_class[layer] as usize];
                     let i = s - class.first;
-                    let b = i / class.per_buffer - self.first_buffer(layer);
+                    let b = i / class.per_buffer - *self.layer_span(layer).start() as u32;
                     [b, ((i % class.per_buffer) as u64 * class.stride) as u32]
                 }
                 false => [NONE, 0],
@@ -391,13 +383,10 @@ impl VramTier {
         }
         // The expert's home slot (which no other expert uses), else the least recently
         // used slot the current batch has not placed.
-        let mut v = match self.home[layer] {
-            NONE => self.classes[c].tail,
+        let v = match self.home[layer] {
+            NONE => self.least_recent_unplaced(c),
             h => h + e as u32,
         };
-        while v != NONE && self.slots[v as usize].batch == self.batch && self.home[layer] == NONE {
-            v = self.slots[v as usize].prev;
-        }
         if v == NONE {
             return Some(Placement::Full);
         }
@@ -416,6 +405,16 @@ impl VramTier {
         self.stats.fills += 1;
         self.use_slot(c, v);
         Some(Placement::Fill(self.range(c, v, len)))
+    }
+
+    /// The least recently used slot of class `c` the current batch has not placed, or
+    /// [`NONE`].
+    fn least_recent_unplaced(&self, c: usize) -> u32 {
+        let mut v = self.classes[c].tail;
+        while v != NONE && self.slots[v as usize].batch == self.batch {
+            v = self.slots[v as usize].prev;
+        }
+        v
     }
 
     /// Marks slot `s` of class `c` placed by this batch, busy, and most recently used.
