@@ -268,20 +268,17 @@ void main() {
         FOR4(i, o[i] = vec4(0.0); l[i] = 0.0; cnt[i] = chunk_count(c, pv_row(i));)
         for (uint j0 = 0u; j0 < CH && c * CH + j0 < nmax; j0 += jv) {
             // V rows (jv · hd4 <= STAGE4 = 576 vec4s, at most 3 a thread) loaded like K.
-            vec4 vv[3];
+            vec4 vv[4];
 #define V_LOAD {                                                              \
                 uint e = tid + 256u * u;                                      \
                 uint jj = e / hd4;                                            \
                 uint pos = c * CH + j0 + jj;                                  \
                 vv[u] = (e < jv * hd4 && j0 + jj < CH && pos < nmax) ? vc[pos * kvd4 + g * hd4 + e % hd4] : vec4(0.0); \
             }
-            FOR2(u, V_LOAD) { const uint u = 2u; V_LOAD }
+            FOR4(u, V_LOAD)
 #undef V_LOAD
             barrier();
-            FOR2(u, if (tid + 256u * u < jv * hd4) { stage[tid + 256u * u] = vv[u]; })
-            if (tid + 512u < jv * hd4) {
-                stage[tid + 512u] = vv[2];
-            }
+            FOR4(u, if (tid + 256u * u < jv * hd4) { stage[tid + 256u * u] = vv[u]; })
             barrier();
             uint jn = min(jv, CH - j0);
             for (uint jj = 0u; jj < jn; jj++) {

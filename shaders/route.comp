@@ -170,7 +170,8 @@ void main() {
     // buffer b's dispatch sizes at 6b of `sizes` (n = its experts), the count of routed
     // experts the tier does not hold at ne + k of the output row (then the step is void:
     // the caller runs it again host-routed), and the output row's ranks, weights and
-    // misses at io_out of `io`. Thread b writes buffer b's table.
+    // misses at io_out of `io`. Thread b writes buffer b's table. (The arena's copy of
+    // the row stays: it is the arena write vulkano's start-up check needs to see.)
     uint o = pc.tab_out;
     for (uint r = tid; r < pc.k; r += WG_SIZE) {
         route_u[o + r] = r;
