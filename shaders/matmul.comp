@@ -51,6 +51,15 @@ layout(push_constant) uniform Params {
     uint map_div;    // divisor applied to gathered indices
     uint flags;
     uint tab_off;    // route_u offset of the expert table (FLAG_TABLE)
+    // A stack of up to four matrices with one input (an attention's q, k, v and output
+    // gate, stored one after another): the rows from split1 on belong to the second,
+    // whose row split1 is written at out2_off, and so on; ~0u splits for one matrix.
+    uint split1;
+    uint out2_off;
+    uint split2;
+    uint out3_off;
+    uint split3;
+    uint out4_off;
 } pc;
 
 // Loops whose body indexes a register array (wrow, xb, wq, uq, wv, uv, xq, acc) are
@@ -154,6 +163,20 @@ uint x_row(uint p) {
 
 uint out_row(uint p) {
     return (pc.flags & FLAG_SCATTER) != 0u ? route_u[pc.map_off + p] : p;
+}
+
+// Act offset of row `row` of token 0's output (its stack member's).
+uint out_at(uint row) {
+    if (row < pc.split1) {
+        return pc.out_off + row;
+    }
+    if (row < pc.split2) {
+        return pc.out2_off + (row - pc.split1);
+    }
+    if (row < pc.split3) {
+        return pc.out3_off + (row - pc.split2);
+    }
+    return pc.out4_off + (row - pc.split3);
 }
 
 #ifdef EMBED
@@ -332,7 +355,7 @@ void main() {
     if (r < RPT && row < pc.rows && t0 + i < n) {                                        \
         float val = acc[ACC(0u, r, i)];                                                  \
         GU(precise float hv = silu(val) * acc[ACC(1u, r, i)]; val = hv;)                 \
-        uint o = pc.out_off + out_row(p0 + t0 + i) * pc.out_stride + row;                \
+        uint o = out_at(row) + out_row(p0 + t0 + i) * pc.out_stride;                     \
         if ((pc.flags & FLAG_ACCUMULATE) != 0u) {                                        \
             precise float sum = ACT(o) + val;                                            \
             ACT(o) = sum;                                                                \

@@ -3,8 +3,8 @@
 //! actors, not tokio tasks. A [`ThreadActor`] owns its state on a named thread and
 //! serves one request at a time from a bounded flume mailbox; the caller sends a plain
 //! message (moved, never copied) and waits for the reply. Both sides poll briefly
-//! before blocking, since a decode step calls once per layer and a thread wake-up costs
-//! about as much as the work.
+//! before blocking (the caller about as long as its last call took, up to 2 ms), since a
+//! decode step calls once per layer and a thread wake-up costs about as much as the work.
 //!
 //! The scheduler stays a kameo actor on tokio (it only queues and hands out work); the
 //! streamer's threads drain its priority queue of read requests (see `streamer`).
@@ -14,8 +14,13 @@ use std::marker::PhantomData;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long either side polls its mailbox before blocking.
+/// How long either side polls its mailbox before blocking, at least.
 const POLL: Duration = Duration::from_micros(50);
+
+/// How long a caller polls for a reply at most: it polls for about as long as the last
+/// call took (a GPU decode step, ~1 ms, whose wake-up would otherwise cost ~5% of it)
+/// when that was at most this, else [`POLL`] (a slow device's steps block at once).
+const MAX_POLL: Duration = Duration::from_millis(2);
 
 /// The thread is gone (it panicked, failed to start, or was shut down).
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +35,8 @@ pub struct ThreadActor<Req, Rep> {
     requests: Option<flume::Sender<Req>>,
     replies: flume::Receiver<Rep>,
     thread: Option<JoinHandle<()>>,
+    /// How long the last call took (the caller's next poll).
+    last: Cell<Duration>,
     _one_caller: PhantomData<Cell<()>>,
 }
 
@@ -56,7 +63,7 @@ impl<Req: Send + 'static, Rep: Send + 'static> ThreadActor<Req, Rep> {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                while let Ok(req) = recv_polling(&inbox) {
+                while let Ok(req) = recv_polling(&inbox, POLL) {
                     if reply.send(handle(&mut state, req)).is_err() {
                         break;
                     }
@@ -73,6 +80,7 @@ impl<Req: Send + 'static, Rep: Send + 'static> ThreadActor<Req, Rep> {
             requests: Some(requests),
             replies,
             thread: Some(thread),
+            last: Cell::new(Duration::ZERO),
             _one_caller: PhantomData,
         })
     }
@@ -80,8 +88,13 @@ impl<Req: Send + 'static, Rep: Send + 'static> ThreadActor<Req, Rep> {
     /// Sends `req` and waits for the reply. Once the thread has stopped, every call
     /// fails.
     pub fn call(&self, req: Req) -> Result<Rep, Stopped> {
+        let start = Instant::now();
+        let last = self.last.get();
+        let poll = if last <= MAX_POLL { (last + last / 4).clamp(POLL, MAX_POLL) } else { POLL };
         let sent = self.requests.as_ref().is_some_and(|tx| tx.send(req).is_ok());
-        sent.then(|| recv_polling(&self.replies).ok()).flatten().ok_or(Stopped(self.name))
+        let reply = sent.then(|| recv_polling(&self.replies, poll).ok()).flatten().ok_or(Stopped(self.name));
+        self.last.set(start.elapsed());
+        reply
     }
 }
 
@@ -108,9 +121,9 @@ pub enum SpawnError<E> {
     Died,
 }
 
-/// Receives from `rx`, polling for [`POLL`] before blocking.
-fn recv_polling<T>(rx: &flume::Receiver<T>) -> Result<T, flume::RecvError> {
-    let until = Instant::now() + POLL;
+/// Receives from `rx`, polling for `poll` before blocking.
+fn recv_polling<T>(rx: &flume::Receiver<T>, poll: Duration) -> Result<T, flume::RecvError> {
+    let until = Instant::now() + poll;
     loop {
         match rx.try_recv() {
             Ok(v) => return Ok(v),

@@ -70,6 +70,10 @@ impl Sampler {
     /// generated) for the repetition penalty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
+        if p.temperature < GREEDY_BELOW && p.repetition_penalty == 1.0 {
+            // Nothing changes the logits: no copy (a decode step's largest host cost).
+            return argmax(logits) as u32;
+        }
         let s = &mut self.scratch;
         s.copy_from_slice(logits);
         if p.repetition_penalty != 1.0 {
@@ -131,15 +135,29 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value; ties go to the lower index.
+/// Lanes of [`argmax`]'s running maxima (independent comparisons the compiler keeps in
+/// vector registers).
+const LANES: usize = 16;
+
+/// Index of the largest value; ties go to the lower index, NaNs are never chosen (unless
+/// the first value is one: then 0, as a scan keeping the first maximum gives).
 pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
+    let Some(&first) = x.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    // The largest value first, over independent lanes (a scan comparing each value with
+    // the best so far waits on every comparison), then its first index.
+    let mut lanes = [first; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
         }
     }
-    best
+    let tail = chunks.remainder().iter();
+    let max = lanes.iter().chain(tail).fold(first, |m, &v| if v > m { v } else { m });
+    x.iter().position(|&v| v == max).expect("the maximum is one of the values")
 }
 
 #[cfg(test)]
@@ -151,6 +169,21 @@ mod tests {
         let mut s = Sampler::new(SamplingParams { repetition_penalty: 4.0, ..Default::default() }, 3);
         assert_eq!(s.sample(&[1.0, 3.0, 2.0], &[]), 1);
         assert_eq!(s.sample(&[1.0, 3.0, 2.0], &[1]), 2);
+    }
+
+    #[test]
+    fn argmax_is_the_first_maximum_of_a_scan() {
+        let scan = |x: &[f32]| (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b });
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for len in [1, 15, 16, 17, 100, 1000] {
+            for _ in 0..50 {
+                // Few distinct values (ties), signed zeros, infinities and NaNs.
+                let pool = [0.0, -0.0, 1.0, -1.0, 2.5, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+                let x: Vec<f32> = (0..len).map(|_| pool[rng.random_range(0..pool.len())]).collect();
+                assert_eq!(argmax(&x), scan(&x), "{x:?}");
+            }
+        }
+        assert_eq!(argmax(&[]), 0);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use smoe_proto::{HybridConfig, LayerType, ModelConfig, VaultError, MANIFEST_FILE};
 
-use crate::contract::{Backend, ForwardError, KvState};
+use crate::contract::{Backend, ForwardError, KvState, Plane};
 use crate::executor::moe::MoeStep;
 use crate::state_book::DEFAULT_STATE_SNAPSHOTS;
 use crate::tensor::WeightView;
@@ -64,6 +64,17 @@ pub struct AttentionRefs {
     pub k_norm: TensorRef,
     /// Output gate [heads·head_dim, hidden] (hybrid models: the gate half of `q_proj`).
     pub output_gate: Option<TensorRef>,
+}
+
+impl AttentionRefs {
+    /// The projections of the layer's normalised input, each with the plane it writes:
+    /// q, k, v and (hybrid models) the output gate. A backend may store them together
+    /// ([`Model::input_groups`]) and project by all of them at once.
+    pub fn input_projections(&self) -> Vec<(&TensorRef, Plane)> {
+        let mut p = vec![(&self.q, Plane::Q), (&self.k, Plane::K), (&self.v, Plane::V)];
+        p.extend(self.output_gate.as_ref().map(|g| (g, Plane::Gate)));
+        p
+    }
 }
 
 /// A gated-DeltaNet linear-attention layer.
@@ -290,6 +301,15 @@ impl Model {
             m
         });
         per_layer.chain(std::iter::once(&self.lm_head))
+    }
+
+    /// The matrices each attention layer projects its input by together
+    /// ([`AttentionRefs::input_projections`]), in that order.
+    pub fn input_groups(&self) -> impl Iterator<Item = Vec<&TensorRef>> {
+        self.layers.iter().filter_map(|l| match &l.mixer {
+            MixerRefs::Attention(a) => Some(a.input_projections().into_iter().map(|(w, _)| w).collect()),
+            MixerRefs::DeltaNet(_) => None,
+        })
     }
 
     /// Every resident f32 vector (the norm weights and the DeltaNet parameters), each

@@ -34,7 +34,8 @@ pub(super) fn layers<B: Backend>(
 }
 
 /// Grouped-query attention with per-head q/k RMSNorm and RoPE, into [`Plane::Attn`]
-/// (before the output projection).
+/// (before the output projection); a gated layer's output gate is projected alongside
+/// q, k and v, into [`Plane::Gate`].
 pub(super) fn attention<B: Backend>(
     b: &mut B,
     l: usize,
@@ -43,9 +44,7 @@ pub(super) fn attention<B: Backend>(
     start: usize,
     m: usize,
 ) -> Result<(), ForwardError> {
-    b.project(&attn.q, Plane::Xn, Plane::Q, m, Write::Set)?;
-    b.project(&attn.k, Plane::Xn, Plane::K, m, Write::Set)?;
-    b.project(&attn.v, Plane::Xn, Plane::V, m, Write::Set)?;
+    b.project_group(&attn.input_projections(), Plane::Xn, m)?;
     b.qk_norm_rope(l, &attn.q_norm, &attn.k_norm, kv, start, m)?;
     b.attention(l, kv, start, m)
 }

@@ -50,8 +50,7 @@ fn gated_attention<B: Backend>(
     m: usize,
 ) -> Result<(), ForwardError> {
     qwen3_moe::attention(b, l, attn, kv, start, m)?;
-    if let Some(gate) = &attn.output_gate {
-        b.project(gate, Plane::Xn, Plane::Gate, m, Write::Set)?;
+    if attn.output_gate.is_some() {
         b.sigmoid_mul(Plane::Attn, Plane::Gate, m)?;
     }
     b.project(&attn.o, Plane::Attn, Plane::X, m, Write::Add)

@@ -60,10 +60,15 @@ pub struct MatmulArgs {
     pub tab_off: u32,
     /// Table entries, one workgroup row each (with [`FLAG_TABLE`]; else 1 is used).
     pub groups: u32,
+    /// The later members of a stack of matrices that share the input, stored one after
+    /// another and multiplied as one (`out_at` in `shaders/matmul.comp`): (first row,
+    /// activation offset of that row's output) each; a first row of 0 marks no member.
+    pub stack: [(u32, u32); 3],
 }
 
 impl MatmulArgs {
-    fn words(&self) -> [u32; 13] {
+    fn words(&self) -> [u32; 19] {
+        let [s1, s2, s3] = self.stack.map(|(row, out)| if row == 0 { (u32::MAX, 0) } else { (row, out) });
         [
             self.rows,
             self.cols,
@@ -78,6 +83,12 @@ impl MatmulArgs {
             self.map_div.max(1),
             self.flags,
             self.tab_off,
+            s1.0,
+            s1.1,
+            s2.0,
+            s2.1,
+            s3.0,
+            s3.1,
         ]
     }
 

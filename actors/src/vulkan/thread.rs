@@ -75,9 +75,13 @@ fn serve(ex: &mut Worker, job: Job) -> Reply {
                 pass.moe_mut().enable_trace();
             }
             let result = pass.backend_mut().record_state_ops(&kv);
-            let result = result.and_then(|()| pass.run(&mut kv, &tokens, want_logits)).map(|l| {
-                logits.clear();
-                logits.extend_from_slice(l.unwrap_or(&[]));
+            let result = result.and_then(|()| pass.run(&mut kv, &tokens, want_logits)).map(|l| l.is_some());
+            // The logits change hands, not bytes (a vocabulary's row is ~600 KB).
+            logits.clear();
+            let result = result.map(|some| {
+                if some {
+                    pass.backend_mut().swap_logits(&mut logits);
+                }
             });
             union_sizes.clone_from_slice(pass.moe().union_sizes());
             Reply::Forward {

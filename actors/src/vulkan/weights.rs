@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use smoe_proto::DType;
 
-use vulkano::buffer::Subbuffer;
+use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::descriptor_set::DescriptorSet;
 
-use super::buffers::{upload_f32, DeviceWeight};
+
+use super::buffers::{device_buffer, upload, upload_f32, DeviceWeight};
 use super::context::VulkanContext;
 use super::pipelines::Kernels;
 use super::record::{set0, MatmulArgs, Projection, Recorder};
@@ -28,6 +29,66 @@ pub struct BoundWeight {
     pub sets: Vec<Arc<DescriptorSet>>,
 }
 
+/// Matrices that share their input (an attention layer's q, k, v and output gate) stored
+/// one after another in one buffer and bound as one range, so that an m=1 projection by
+/// all of them is one dispatch; each member is also bound alone (its own rows).
+pub struct Stack {
+    /// The stacked matrix.
+    pub w: BoundWeight,
+    /// First row of each member after the first.
+    pub splits: Vec<u32>,
+}
+
+impl Stack {
+    /// Uploads `members` stacked, or `None` where they cannot be: fewer than two, more
+    /// than four, types or column counts that differ, a member whose rows do not start
+    /// at a bindable offset, or more rows than one bound range holds.
+    fn upload(
+        ctx: &Arc<VulkanContext>,
+        kernels: &Kernels,
+        model: &Model,
+        members: &[&TensorRef],
+    ) -> Result<Option<(Stack, Vec<BoundWeight>)>, VulkanError> {
+        let views: Vec<_> = members.iter().map(|r| model.w(r)).collect();
+        let (dtype, cols) = (views[0].dtype(), views[0].cols);
+        let align = ctx.device.physical_device().properties().min_storage_buffer_offset_alignment.as_devicesize();
+        let mut offsets = Vec::with_capacity(views.len());
+        let mut total = 0u64;
+        for v in &views {
+            offsets.push(total);
+            total += v.bytes().len() as u64;
+        }
+        let stackable = (2..=4).contains(&views.len())
+            && views.iter().all(|v| v.dtype() == dtype && v.cols == cols)
+            && offsets.iter().all(|o| o.is_multiple_of(align.max(4)));
+        if !stackable {
+            return Ok(None);
+        }
+        let buf = device_buffer::<u8>(ctx, (total + 4).next_multiple_of(16), BufferUsage::STORAGE_BUFFER)?;
+        for (v, &o) in views.iter().zip(&offsets) {
+            upload(ctx, &buf.clone().slice(o..o + v.bytes().len() as u64), v.bytes())?;
+        }
+        let rows: usize = views.iter().map(|v| v.rows).sum();
+        let w = DeviceWeight::from_buffer(ctx, dtype, rows, cols, buf.clone())?;
+        if w.ranges.len() != 1 {
+            return Ok(None);
+        }
+        let bind = |w: DeviceWeight| BoundWeight::bind(ctx, kernels, w);
+        let ends = offsets.iter().skip(1).copied().chain([buf.len()]);
+        let alone = views
+            .iter()
+            .zip(offsets.iter().zip(ends))
+            .map(|(v, (&a, b))| bind(DeviceWeight::from_buffer(ctx, dtype, v.rows, cols, buf.clone().slice(a..b))?))
+            .collect::<Result<Vec<_>, _>>()?;
+        let splits = views.iter().scan(0, |row, v| {
+            *row += v.rows as u32;
+            Some(*row)
+        });
+        let splits = splits.take(views.len() - 1).collect();
+        Ok(Some((Stack { w: bind(w)?, splits }, alone)))
+    }
+}
+
 /// A dense SwiGLU block's gate and up matrices bound together, per row range.
 pub struct GateUp {
     /// ((first row, rows), set binding both ranges) per range.
@@ -37,6 +98,8 @@ pub struct GateUp {
 /// Every resident tensor of a model on the device.
 pub struct DeviceModel {
     mats: HashMap<usize, BoundWeight>,
+    /// Stacks by their first member.
+    stacks: HashMap<usize, Stack>,
     vecs: HashMap<usize, (Subbuffer<[u8]>, Arc<DescriptorSet>)>,
     gate_up: HashMap<(usize, usize), GateUp>,
     /// cos(pos · inv_freq) per position.
@@ -50,17 +113,20 @@ impl DeviceModel {
     /// its rows are looked up on the device ([`device_embeds`]).
     pub fn upload(ctx: &Arc<VulkanContext>, kernels: &Kernels, model: &Model) -> Result<Self, VulkanError> {
         let mut mats = HashMap::new();
+        let mut stacks = HashMap::new();
+        for group in model.input_groups() {
+            if group.iter().any(|r| mats.contains_key(&r.key())) {
+                continue;
+            }
+            if let Some((stack, alone)) = Stack::upload(ctx, kernels, model, &group)? {
+                mats.extend(group.iter().map(|r| r.key()).zip(alone));
+                stacks.insert(group[0].key(), stack);
+            }
+        }
         let embed = device_embeds(model.w(&model.embed).dtype()).then_some(&model.embed);
         for r in model.matrices().chain(embed) {
             let Entry::Vacant(slot) = mats.entry(r.key()) else { continue };
-            let w = DeviceWeight::upload(ctx, &model.w(r))?;
-            let k = &kernels.typed(DType::F32)?.matvec;
-            let sets = w
-                .ranges
-                .iter()
-                .map(|rg| set0(ctx, k, std::slice::from_ref(&rg.bytes)))
-                .collect::<Result<_, _>>()?;
-            slot.insert(BoundWeight { w, sets });
+            slot.insert(BoundWeight::bind(ctx, kernels, DeviceWeight::upload(ctx, &model.w(r))?)?);
         }
         let mut vecs = HashMap::new();
         for r in model.vectors() {
@@ -72,6 +138,7 @@ impl DeviceModel {
         }
         Ok(DeviceModel {
             mats,
+            stacks,
             vecs,
             gate_up: HashMap::new(),
             rope_cos: upload_f32(ctx, &model.rope.cos)?,
@@ -79,11 +146,17 @@ impl DeviceModel {
         })
     }
 
-    /// Bytes of device memory the resident tensors take.
+    /// Bytes of device memory the resident tensors take (a stack's buffer once).
     pub fn bytes(&self) -> u64 {
-        let mats = self.mats.values().filter_map(|m| m.w.ranges.first()).map(|r| r.bytes.buffer().size());
+        let bufs = self.mats.values().filter_map(|m| m.w.ranges.first()).map(|r| r.bytes.buffer());
+        let bufs: HashMap<_, u64> = bufs.map(|b| (Arc::as_ptr(b), b.size())).collect();
         let vecs = self.vecs.values().map(|v| v.0.buffer().size());
-        mats.chain(vecs).sum::<u64>() + self.rope_cos.size() + self.rope_sin.size()
+        bufs.values().copied().chain(vecs).sum::<u64>() + self.rope_cos.size() + self.rope_sin.size()
+    }
+
+    /// The stack whose first member is `first`, if its group was stacked.
+    pub fn stack(&self, first: &TensorRef) -> Option<&Stack> {
+        self.stacks.get(&first.key())
     }
 
     /// The device copy of matrix `r`.
@@ -133,6 +206,14 @@ pub fn device_embeds(dtype: DType) -> bool {
 }
 
 impl BoundWeight {
+    /// `w` with a descriptor set for each of its ranges.
+    fn bind(ctx: &Arc<VulkanContext>, kernels: &Kernels, w: DeviceWeight) -> Result<BoundWeight, VulkanError> {
+        let k = &kernels.typed(DType::F32)?.matvec;
+        let sets =
+            w.ranges.iter().map(|rg| set0(ctx, k, std::slice::from_ref(&rg.bytes))).collect::<Result<_, _>>()?;
+        Ok(BoundWeight { w, sets })
+    }
+
     /// Records this matrix's product over every bound row range (`a.rows`, `a.cols` and
     /// the output offset are set per range).
     pub fn record(&self, rec: &mut Recorder, mut a: MatmulArgs, batched: bool) -> Result<(), VulkanError> {
