@@ -135,9 +135,12 @@ impl Sampler {
     }
 }
 
-/// Lanes of [`argmax`]'s running maxima (independent comparisons the compiler keeps in
-/// vector registers).
+/// Lanes of [`block_max`]'s running maxima (independent comparisons the compiler keeps
+/// in vector registers).
 const LANES: usize = 16;
+
+/// Values per block of [`argmax`]'s first pass.
+const BLOCK: usize = 1024;
 
 /// Index of the largest value; ties go to the lower index, NaNs are never chosen (unless
 /// the first value is one: then 0, as a scan keeping the first maximum gives).
@@ -146,18 +149,29 @@ pub fn argmax(x: &[f32]) -> usize {
     if first.is_nan() {
         return 0;
     }
-    // The largest value first, over independent lanes (a scan comparing each value with
-    // the best so far waits on every comparison), then its first index.
-    let mut lanes = [first; LANES];
-    let mut chunks = x.chunks_exact(LANES);
+    // The first block holding the largest value, from each block's maximum (a scan
+    // comparing each value with the best so far waits on every comparison), then the
+    // value's first index in it.
+    let (mut max, mut at) = (first, 0);
+    for (b, block) in x.chunks(BLOCK).enumerate() {
+        let m = block_max(block, first);
+        if m > max {
+            (max, at) = (m, b * BLOCK);
+        }
+    }
+    at + x[at..].iter().position(|&v| v == max).expect("the maximum is one of the values")
+}
+
+/// The largest of `init` and the values of `block` (NaNs skipped), over independent lanes.
+fn block_max(block: &[f32], init: f32) -> f32 {
+    let mut lanes = [init; LANES];
+    let mut chunks = block.chunks_exact(LANES);
     for c in &mut chunks {
         for (m, &v) in lanes.iter_mut().zip(c) {
             *m = if v > *m { v } else { *m };
         }
     }
-    let tail = chunks.remainder().iter();
-    let max = lanes.iter().chain(tail).fold(first, |m, &v| if v > m { v } else { m });
-    x.iter().position(|&v| v == max).expect("the maximum is one of the values")
+    lanes.iter().chain(chunks.remainder()).fold(init, |m, &v| if v > m { v } else { m })
 }
 
 #[cfg(test)]
@@ -175,7 +189,7 @@ mod tests {
     fn argmax_is_the_first_maximum_of_a_scan() {
         let scan = |x: &[f32]| (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b });
         let mut rng = ChaCha8Rng::seed_from_u64(5);
-        for len in [1, 15, 16, 17, 100, 1000] {
+        for len in [1, 15, 16, 17, 100, 1000, 3000] {
             for _ in 0..50 {
                 // Few distinct values (ties), signed zeros, infinities and NaNs.
                 let pool = [0.0, -0.0, 1.0, -1.0, 2.5, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
@@ -183,6 +197,10 @@ mod tests {
                 assert_eq!(argmax(&x), scan(&x), "{x:?}");
             }
         }
+        // The maximum only in later blocks: -0.0 (first) and 0.0 tie.
+        let mut x = vec![-1.0f32; 3000];
+        (x[5], x[2100], x[2500]) = (f32::NAN, -0.0, 0.0);
+        assert_eq!(argmax(&x), 2100);
         assert_eq!(argmax(&[]), 0);
     }
 
