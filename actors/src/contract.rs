@@ -200,7 +200,12 @@ pub trait Backend {
     /// `dst = W · src` for each (W, dst) of `group` and the first `rows` rows: projections
     /// of one input ([`crate::model::AttentionRefs::input_projections`]), which a backend
     /// may compute as one product; each plane gets [`Backend::project`]'s bytes.
-    fn project_group(&mut self, group: &[(&TensorRef, Plane)], src: Plane, rows: usize) -> Result<(), ForwardError> {
+    fn project_group(
+        &mut self,
+        group: &[(&TensorRef, Plane)],
+        src: Plane,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
         group.iter().try_for_each(|&(w, dst)| self.project(w, src, dst, rows, Write::Set))
     }
     /// Per-head RMSNorm (`q_norm`, `k_norm`) and RoPE on [`Plane::Q`] and [`Plane::K`]

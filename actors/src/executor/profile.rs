@@ -73,7 +73,12 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn rmsnorm(&mut self, w: &TensorRef, src: Plane, dst: Plane, rows: usize) -> Result<(), ForwardError> {
         self.op(None, Phase::Norm, |b| b.rmsnorm(w, src, dst, rows))
     }
-    fn project_group(&mut self, group: &[(&TensorRef, Plane)], src: Plane, rows: usize) -> Result<(), ForwardError> {
+    fn project_group(
+        &mut self,
+        group: &[(&TensorRef, Plane)],
+        src: Plane,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
         self.op(None, Phase::Attention, |b| b.project_group(group, src, rows))
     }
     fn project(

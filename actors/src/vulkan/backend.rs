@@ -350,7 +350,12 @@ impl Backend for VulkanBackend {
         Ok(self.weights.matrix(w)?.record(rec, args, rows > 1)?)
     }
 
-    fn project_group(&mut self, group: &[(&TensorRef, Plane)], src: Plane, rows: usize) -> Result<(), ForwardError> {
+    fn project_group(
+        &mut self,
+        group: &[(&TensorRef, Plane)],
+        src: Plane,
+        rows: usize,
+    ) -> Result<(), ForwardError> {
         let stacked = |s: &Stack| rows == 1 && s.splits.len() + 1 == group.len();
         let Some(first) = group.first().map(|g| g.0).filter(|w| self.weights.stack(w).is_some_and(stacked))
         else {

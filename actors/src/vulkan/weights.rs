@@ -12,7 +12,6 @@ use smoe_proto::DType;
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::descriptor_set::DescriptorSet;
 
-
 use super::buffers::{device_buffer, upload, upload_f32, DeviceWeight};
 use super::context::VulkanContext;
 use super::pipelines::Kernels;
@@ -51,7 +50,8 @@ impl Stack {
     ) -> Result<Option<(Stack, Vec<BoundWeight>)>, VulkanError> {
         let views: Vec<_> = members.iter().map(|r| model.w(r)).collect();
         let (dtype, cols) = (views[0].dtype(), views[0].cols);
-        let align = ctx.device.physical_device().properties().min_storage_buffer_offset_alignment.as_devicesize();
+        let align =
+            ctx.device.physical_device().properties().min_storage_buffer_offset_alignment.as_devicesize();
         let mut offsets = Vec::with_capacity(views.len());
         let mut total = 0u64;
         for v in &views {
@@ -78,7 +78,9 @@ impl Stack {
         let alone = views
             .iter()
             .zip(offsets.iter().zip(ends))
-            .map(|(v, (&a, b))| bind(DeviceWeight::from_buffer(ctx, dtype, v.rows, cols, buf.clone().slice(a..b))?))
+            .map(|(v, (&a, b))| {
+                bind(DeviceWeight::from_buffer(ctx, dtype, v.rows, cols, buf.clone().slice(a..b))?)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let splits = views.iter().scan(0, |row, v| {
             *row += v.rows as u32;
@@ -207,10 +209,17 @@ pub fn device_embeds(dtype: DType) -> bool {
 
 impl BoundWeight {
     /// `w` with a descriptor set for each of its ranges.
-    fn bind(ctx: &Arc<VulkanContext>, kernels: &Kernels, w: DeviceWeight) -> Result<BoundWeight, VulkanError> {
+    fn bind(
+        ctx: &Arc<VulkanContext>,
+        kernels: &Kernels,
+        w: DeviceWeight,
+    ) -> Result<BoundWeight, VulkanError> {
         let k = &kernels.typed(DType::F32)?.matvec;
-        let sets =
-            w.ranges.iter().map(|rg| set0(ctx, k, std::slice::from_ref(&rg.bytes))).collect::<Result<_, _>>()?;
+        let sets = w
+            .ranges
+            .iter()
+            .map(|rg| set0(ctx, k, std::slice::from_ref(&rg.bytes)))
+            .collect::<Result<_, _>>()?;
         Ok(BoundWeight { w, sets })
     }
 
