@@ -54,6 +54,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         sampling,
         ignore_eos: args.ignore_eos,
         spec_depth: args.engine.spec_depth,
+        logits: args.logits_out.is_some(),
     };
 
     if args.warmup {

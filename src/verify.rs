@@ -33,6 +33,7 @@ fn greedy(fwd: &mut Executor, prompt: &[u32], tokens: usize) -> Result<Run> {
         sampling: SamplingParams::default(),
         ignore_eos: true,
         spec_depth: 0,
+        logits: true,
     };
     let mut run = Run { logits: Vec::new(), ids: Vec::new() };
     generate(

@@ -190,6 +190,7 @@ fn a_cancelled_prefill_stops_between_chunks_and_resumes_to_the_same_tokens() {
         sampling: SamplingParams::default(),
         ignore_eos: true,
         spec_depth: 0,
+        logits: false,
     };
     // Cancelled before the third chunk: two chunks ran, nothing was generated.
     let asked = Cell::new(0);

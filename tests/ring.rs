@@ -54,6 +54,7 @@ fn greedy(engine: &Engine, prompt: &[u32], n: usize) -> Result<Vec<u32>, String>
         sampling: SamplingParams::default(),
         ignore_eos: true,
         spec_depth: 0,
+        logits: false,
     };
     let (_, _, ids) = generate_ids(&mut fwd, &mut kv, &req).map_err(|e| e.to_string())?;
     Ok(ids)

@@ -339,6 +339,35 @@ fn vulkan_staged_and_zero_copy_prefill_agree_bytewise() {
     }
 }
 
+/// The executor's greedy choice (`forward_greedy`, read in place from the logits it does
+/// not hand over) is the argmax of the logits `forward` hands over, token by token; a pass
+/// asked for logits after greedy ones gets them whole.
+#[test]
+fn vulkan_greedy_choice_is_the_argmax_of_the_logits() {
+    let Some(ctx) = vulkan::context() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let vault = convert("moe_all", dir.path(), &[]);
+    let (_e, mut fwd) = open(&ctx, &vault, 64, 8);
+    let prompt: Vec<u32> = (0..13).map(|i| (i * 53 + 7) % 448).collect();
+    let (want, rows) = run_greedy(&mut fwd, &prompt, 6, 8);
+    let mut kv = fwd.new_kv().unwrap();
+    let (last, body) = prompt.split_last().unwrap();
+    for c in body.chunks(8) {
+        fwd.forward(&mut kv, c, false).unwrap();
+    }
+    let mut next = *last;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        next = fwd.forward_greedy(&mut kv, &[next]).unwrap();
+        ids.push(next);
+    }
+    let logits = fwd.forward(&mut kv, &[next], true).unwrap().unwrap();
+    assert_eq!(logits.len(), rows[5].len());
+    assert!(logits.iter().zip(&rows[5]).all(|(a, b)| a.to_bits() == b.to_bits()));
+    ids.push(argmax(logits));
+    assert_eq!(ids, want);
+}
+
 #[test]
 fn vulkan_bad_input_is_an_error_not_a_panic() {
     let Some(ctx) = vulkan::context() else { return };

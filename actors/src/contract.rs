@@ -373,6 +373,13 @@ pub trait ForwardPass: Send {
         tokens: &[u32],
         want_logits: bool,
     ) -> Result<Option<&[f32]>, ForwardError>;
+    /// Runs `tokens` like [`ForwardPass::forward`] and returns only the last token's
+    /// greedy choice, [`crate::sampler::argmax`] of its logits, which a backend may find
+    /// without handing the logits over (the Vulkan executor reads them in place).
+    fn forward_greedy(&mut self, kv: &mut Self::Kv, tokens: &[u32]) -> Result<u32, ForwardError> {
+        let logits = self.forward(kv, tokens, true)?.unwrap_or(&[]);
+        Ok(crate::sampler::argmax(logits) as u32)
+    }
     /// Union size per decoder layer in the last call (0 for dense layers).
     fn last_union_sizes(&self) -> &[usize];
     /// Claim accounting since creation.

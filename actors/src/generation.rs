@@ -28,6 +28,10 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// Gate ranks beyond top-k queued as speculative prefetches during decode.
     pub spec_depth: usize,
+    /// Hand each generated token's logits to the caller. Without it, a plain greedy
+    /// request ([`Sampler::is_plain_greedy`]) takes each token's greedy choice from the
+    /// pass ([`ForwardPass::forward_greedy`]) and the caller gets empty logits.
+    pub logits: bool,
 }
 
 /// Runs `req`. `kv` may already hold a prefix of `req.prompt` (prefix reuse: its
@@ -36,7 +40,8 @@ pub struct GenerateRequest {
 /// `cancelled()` is asked before every prefill chunk: when it says yes, generation stops
 /// there with [`FinishReason::Stopped`] (`kv` keeps the chunks already run, a valid
 /// prefix of the prompt). `on_token(id, logits)` is called for every generated token,
-/// with the logits that produced it; returning `false` stops generation.
+/// with the logits that produced it (empty where `req.logits` is off and the pass chose
+/// the greedy token itself); returning `false` stops generation.
 pub fn generate<P: ForwardPass>(
     fwd: &mut P,
     kv: &mut P::Kv,
@@ -78,14 +83,19 @@ pub fn generate<P: ForwardPass>(
     }
     fwd.set_spec_depth(req.spec_depth);
     let mut next = *last;
+    let greedy = !req.logits && sampler.is_plain_greedy();
     // When the first token was sampled, and the claims up to then.
     let mut first = None;
     let reason = loop {
         if stats.generated_tokens == req.max_tokens {
             break FinishReason::Length;
         }
-        let logits = fwd.forward(kv, &[next], true)?.expect("logits requested");
-        let tok = sampler.sample(logits, &history);
+        let (tok, logits) = if greedy {
+            (fwd.forward_greedy(kv, &[next])?, &[][..])
+        } else {
+            let logits = fwd.forward(kv, &[next], true)?.expect("logits requested");
+            (sampler.sample(logits, &history), logits)
+        };
         let sampled_at = Instant::now();
         let wanted = on_token(tok, logits);
         stats.generated_tokens += 1;

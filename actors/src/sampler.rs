@@ -66,14 +66,20 @@ impl Sampler {
         }
     }
 
+    /// Whether [`Sampler::sample`] is [`argmax`] of the logits as they are (greedy, no
+    /// repetition penalty): then a pass's greedy choice is the sample.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.params.temperature < GREEDY_BELOW && self.params.repetition_penalty == 1.0
+    }
+
     /// Chooses the next token from `logits`, given the tokens seen so far (prompt and
     /// generated) for the repetition penalty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let p = &self.params;
-        if p.temperature < GREEDY_BELOW && p.repetition_penalty == 1.0 {
-            // Nothing changes the logits: no copy (a decode step's largest host cost).
+        if self.is_plain_greedy() {
+            // Nothing changes the logits: no copy.
             return argmax(logits) as u32;
         }
+        let p = &self.params;
         let s = &mut self.scratch;
         s.copy_from_slice(logits);
         if p.repetition_penalty != 1.0 {

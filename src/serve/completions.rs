@@ -217,6 +217,7 @@ pub fn plan(st: &Intake, body: &[u8], endpoint: Endpoint) -> Result<Plan, ApiErr
             sampling,
             ignore_eos: b.ignore_eos.unwrap_or(false),
             spec_depth: st.defaults.spec_depth,
+            logits: false,
         },
         stops: b.stops()?,
         stream: b.stream.unwrap_or(false),

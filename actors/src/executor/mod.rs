@@ -168,6 +168,12 @@ impl KvState for ExecutorKv {
     }
 }
 
+/// A cache of one backend handed to the other's pass.
+#[cfg(feature = "vulkan")]
+fn wrong_kv() -> ForwardError {
+    ForwardError::Device("a cache of another backend was passed to the executor".into())
+}
+
 /// Runs the same expression on whichever pass the executor holds.
 macro_rules! each {
     ($self:expr, $f:ident => $e:expr) => {
@@ -205,7 +211,16 @@ impl ForwardPass for Executor {
             #[cfg(feature = "vulkan")]
             (Executor::Vulkan(f), ExecutorKv::Vulkan(kv)) => f.forward(kv, tokens, want_logits),
             #[cfg(feature = "vulkan")]
-            _ => Err(ForwardError::Device("a cache of another backend was passed to the executor".into())),
+            _ => Err(wrong_kv()),
+        }
+    }
+    fn forward_greedy(&mut self, kv: &mut ExecutorKv, tokens: &[u32]) -> Result<u32, ForwardError> {
+        match (self, kv) {
+            (Executor::Cpu(f), ExecutorKv::Cpu(kv)) => f.forward_greedy(kv, tokens),
+            #[cfg(feature = "vulkan")]
+            (Executor::Vulkan(f), ExecutorKv::Vulkan(kv)) => f.forward_greedy(kv, tokens),
+            #[cfg(feature = "vulkan")]
+            _ => Err(wrong_kv()),
         }
     }
     fn last_union_sizes(&self) -> &[usize] {

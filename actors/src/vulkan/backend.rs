@@ -32,6 +32,7 @@ use crate::contract::{Backend, Flush, ForwardError, KvState, Plane, Write};
 use crate::engine::VramSize;
 use crate::model::{MixerRefs, Model};
 use crate::profile::{Phase, PhaseProfile, Regime};
+use crate::sampler::argmax;
 use crate::vault::TensorRef;
 
 /// Most experts per layer the ranking kernel (`route.comp`) holds.
@@ -59,7 +60,12 @@ pub struct VulkanBackend {
     pub(super) transfer: Option<Arc<PrimaryAutoCommandBuffer>>,
     /// Work submitted but not waited for (staged batches of the current layer).
     pending: Option<Box<dyn GpuFuture>>,
+    /// The last pass's logits (empty with `greedy_only`).
     logits: Vec<f32>,
+    /// Passes keep only their greedy choice, not their logits.
+    greedy_only: bool,
+    /// The last pass's greedy choice, with `greedy_only`.
+    greedy: Option<u32>,
     /// The routing buffer and expert-blob bindings.
     pub(super) ex: ExpertState,
     /// Device-routed decode steps, while the VRAM tier holds every expert.
@@ -122,6 +128,8 @@ impl VulkanBackend {
             transfer: None,
             pending: None,
             logits: Vec::with_capacity(c.vocab_size),
+            greedy_only: false,
+            greedy: None,
             ex,
             routes,
             replays: Replays::default(),
@@ -130,6 +138,17 @@ impl VulkanBackend {
             ctx,
             model,
         })
+    }
+
+    /// Whether the passes from now on keep their logits (off) or only their greedy choice
+    /// (on: [`VulkanBackend::take_greedy`]), found by reading the logits in place.
+    pub fn set_greedy_only(&mut self, on: bool) {
+        self.greedy_only = on;
+    }
+
+    /// The last pass's greedy choice, when it was asked for only that.
+    pub fn take_greedy(&mut self) -> Option<u32> {
+        self.greedy.take()
     }
 
     /// Exchanges the last pass's logits (see [`Backend::last_logits`]) with `into`'s
@@ -573,8 +592,13 @@ impl Backend for VulkanBackend {
         rec.copy(self.act.clone().slice(lo..lo + v), self.io.clone().slice(io0..io0 + v))?;
         self.submit(true)?;
         let io = self.io.read().map_err(verr("reading logits"))?;
+        let row = &io[self.io_logits..self.io_logits + vocab];
         self.logits.clear();
-        self.logits.extend_from_slice(&io[self.io_logits..self.io_logits + vocab]);
+        if self.greedy_only {
+            self.greedy = Some(argmax(row) as u32);
+        } else {
+            self.logits.extend_from_slice(row);
+        }
         Ok(())
     }
 

@@ -22,12 +22,13 @@ use crate::profile::PhaseProfile;
 /// A request to the executor thread.
 enum Job {
     /// Run a block: the cache (its device buffers are shared), the tokens, whether to
-    /// return logits, the bet depth, whether to trace, and the buffers the reply fills
-    /// (moved back and forth, so a step allocates nothing).
+    /// return logits or only the greedy choice, the bet depth, whether to trace, and the
+    /// buffers the reply fills (moved back and forth, so a step allocates nothing).
     Forward {
         kv: VulkanKvCache,
         tokens: Vec<u32>,
         want_logits: bool,
+        greedy: bool,
         spec_depth: usize,
         trace: bool,
         logits: Vec<f32>,
@@ -50,6 +51,7 @@ enum Reply {
         kv: VulkanKvCache,
         tokens: Vec<u32>,
         logits: Vec<f32>,
+        greedy: Option<u32>,
         union_sizes: Vec<usize>,
         tally: ClaimTally,
         trace: Vec<ClaimEvent>,
@@ -68,9 +70,19 @@ struct Worker {
 
 fn serve(ex: &mut Worker, job: Job) -> Reply {
     match job {
-        Job::Forward { mut kv, tokens, want_logits, spec_depth, trace, mut logits, mut union_sizes } => {
+        Job::Forward {
+            mut kv,
+            tokens,
+            want_logits,
+            greedy,
+            spec_depth,
+            trace,
+            mut logits,
+            mut union_sizes,
+        } => {
             let pass = &mut ex.pass;
             pass.moe_mut().set_spec_depth(spec_depth);
+            pass.backend_mut().set_greedy_only(greedy);
             if trace {
                 pass.moe_mut().enable_trace();
             }
@@ -79,16 +91,18 @@ fn serve(ex: &mut Worker, job: Job) -> Reply {
             // The logits change hands, not bytes (a vocabulary's row is ~600 KB).
             logits.clear();
             let result = result.map(|some| {
-                if some {
+                if some && !greedy {
                     pass.backend_mut().swap_logits(&mut logits);
                 }
             });
+            let greedy = pass.backend_mut().take_greedy();
             union_sizes.clone_from_slice(pass.moe().union_sizes());
             Reply::Forward {
                 result,
                 kv,
                 tokens,
                 logits,
+                greedy,
                 union_sizes,
                 tally: pass.moe().tally(),
                 trace: pass.moe_mut().take_trace(),
@@ -190,28 +204,16 @@ impl VulkanPass {
             _ => Err(VulkanError::ExecutorGone),
         }
     }
-}
 
-impl ForwardPass for VulkanPass {
-    type Kv = VulkanKvCache;
-    fn model(&self) -> &Arc<Model> {
-        &self.model
-    }
-    fn max_rows(&self) -> usize {
-        self.max_rows
-    }
-    fn new_kv(&self) -> Result<VulkanKvCache, ForwardError> {
-        match self.actor.call(Job::NewKv) {
-            Ok(Reply::NewKv(r)) => r,
-            _ => Err(VulkanError::ExecutorGone.into()),
-        }
-    }
-    fn forward(
+    /// Runs a block on the executor thread (see [`Job::Forward`]); with `greedy`, returns
+    /// the last token's greedy choice instead of keeping its logits.
+    fn run(
         &mut self,
         kv: &mut VulkanKvCache,
         tokens: &[u32],
         want_logits: bool,
-    ) -> Result<Option<&[f32]>, ForwardError> {
+        greedy: bool,
+    ) -> Result<Option<u32>, ForwardError> {
         // Bad blocks are refused here, before the executor records the state copies the
         // cache waits for: a failed block makes a cache with recurrent state start over.
         self.model.check_block(kv.len(), tokens, self.max_rows)?;
@@ -222,13 +224,14 @@ impl ForwardPass for VulkanPass {
             kv: kv.clone(),
             tokens: batch,
             want_logits,
+            greedy,
             spec_depth: self.spec_depth,
             trace: self.trace.is_some(),
             logits: std::mem::take(&mut self.logits),
             union_sizes: std::mem::take(&mut self.union_sizes),
         };
         let gone = || ForwardError::Device(VulkanError::ExecutorGone.to_string());
-        let Reply::Forward { result, kv: done, tokens, logits, union_sizes, tally, trace } =
+        let Reply::Forward { result, kv: done, tokens, logits, greedy, union_sizes, tally, trace } =
             self.actor.call(job).map_err(|_| gone())?
         else {
             return Err(gone());
@@ -256,7 +259,36 @@ impl ForwardPass for VulkanPass {
         }
         result?;
         kv.advance(done.len() - kv.len());
+        Ok(greedy)
+    }
+}
+
+impl ForwardPass for VulkanPass {
+    type Kv = VulkanKvCache;
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+    fn new_kv(&self) -> Result<VulkanKvCache, ForwardError> {
+        match self.actor.call(Job::NewKv) {
+            Ok(Reply::NewKv(r)) => r,
+            _ => Err(VulkanError::ExecutorGone.into()),
+        }
+    }
+    fn forward(
+        &mut self,
+        kv: &mut VulkanKvCache,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<Option<&[f32]>, ForwardError> {
+        self.run(kv, tokens, want_logits, false)?;
         Ok(want_logits.then_some(self.logits.as_slice()))
+    }
+    fn forward_greedy(&mut self, kv: &mut VulkanKvCache, tokens: &[u32]) -> Result<u32, ForwardError> {
+        self.run(kv, tokens, true, true)?
+            .ok_or_else(|| ForwardError::Device("the executor returned no greedy choice".into()))
     }
     fn last_union_sizes(&self) -> &[usize] {
         &self.union_sizes
