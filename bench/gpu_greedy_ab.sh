@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Resident greedy decode of two builds on a lent GPU (the `device` tool), as `serve` runs it
+# (no logits kept: each token's greedy choice comes from the executor), A/B in one run:
+# 3-layer `synth --preset qwen3-30b-a3b` vaults in bf16 and Q4_K_M, the VRAM tier holding
+# every expert, a 512-token prompt and 256 tokens, three interleaved runs per build, then
+# whether the two builds' token ids are identical.
+#
+#   bash bench/gpu_greedy_ab.sh NEW OLD
+#
+# NEW and OLD are release `smoe-pipeline` binaries (stripped is fine). The vaults go to
+# /tmp/q30 and /tmp/q30q (kept while the machine stays warm; the same as gpu_decode_ab.sh's).
+set -euo pipefail
+[ $# -eq 2 ] || { sed -n 2,11p "$0" >&2; exit 2; }
+new=$(realpath "$1")
+old=$(realpath "$2")
+. "$(dirname "$0")/gpu_env.sh"
+gpu_env "$new"
+ids=$(python3 -c "print(','.join(str((i*7919+13)%151936) for i in range(512)))")
+for v in q30 q30q; do
+  q=(); [ $v = q30q ] && q=(--quant q4_k_m)
+  [ -d "/tmp/$v" ] || "$new" synth --preset qwen3-30b-a3b --out "/tmp/$v" --layers 3 "${q[@]}" | tail -1
+  all=$(python3 -c "
+import json; m = json.load(open('/tmp/$v/manifest.json'))
+print(sum(l['layout']['blob_stride'] for l in m['experts']['layers']) * m['model']['num_experts'])")
+  flags=(--vault "/tmp/$v" --max-tokens 256 --ignore-eos --backend vulkan --device 0 --chunk-size 512
+    --max-context 1200 --ring-bytes 64GiB --vram-bytes "$all" --warmup --prompt-ids "$ids" --json)
+  for run in 1 2 3; do
+    for b in old new; do
+      bin=$old; [ $b = new ] && bin=$new
+      "$bin" generate "${flags[@]}" >"/tmp/$v-$b.json" 2>"/tmp/$v-$b.err" || { tail -3 "/tmp/$v-$b.err" >&2; exit 1; }
+      python3 -c "import json; s=json.load(open('/tmp/$v-$b.json'))['stats']; print('$v $b run $run: decode', round(s['decode_tok_s'], 1), 'tok/s')"
+    done
+  done
+  python3 -c "
+import json; a = json.load(open('/tmp/$v-old.json'))['token_ids']; b = json.load(open('/tmp/$v-new.json'))['token_ids']
+print('$v: ids', 'identical' if a == b else 'differ', len(a))"
+done
