@@ -26,7 +26,7 @@ use super::record::{MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
 use super::replay::Replays;
 use super::timing::{lock, DeviceTimer, SharedTimer};
 use super::vram::VramTier;
-use super::weights::{device_embeds, DeviceModel, Stack};
+use super::weights::{device_embeds, DeviceModel};
 use super::VulkanError;
 use crate::contract::{Backend, Flush, ForwardError, KvState, Plane, Write};
 use crate::engine::VramSize;
@@ -375,20 +375,17 @@ impl Backend for VulkanBackend {
         src: Plane,
         rows: usize,
     ) -> Result<(), ForwardError> {
-        let stacked = |s: &Stack| rows == 1 && s.splits.len() + 1 == group.len();
-        let Some(first) = group.first().map(|g| g.0).filter(|w| self.weights.stack(w).is_some_and(stacked))
-        else {
+        self.rec()?;
+        let stack = group.first().and_then(|(w, _)| self.weights.stack(w));
+        let Some(stack) = stack.filter(|s| rows == 1 && s.splits.len() + 1 == group.len()) else {
             return group.iter().try_for_each(|&(w, dst)| self.project(w, src, dst, rows, Write::Set));
         };
         // One m=1 dispatch over the stack: each member's rows go to its plane.
         let mut args = self.args(src, group[0].1, rows);
-        let stack = self.weights.stack(first).expect("checked");
         for (slot, (&row, (_, dst))) in args.stack.iter_mut().zip(stack.splits.iter().zip(&group[1..])) {
             *slot = (row, self.a.at(*dst));
         }
-        self.rec()?;
-        let (rec, stack) = (self.rec.as_mut().expect("started"), self.weights.stack(first).expect("checked"));
-        Ok(stack.w.record(rec, args, false)?)
+        Ok(stack.w.record(self.rec.as_mut().expect("started"), args, false)?)
     }
 
     fn qk_norm_rope(

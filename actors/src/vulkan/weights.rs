@@ -65,13 +65,13 @@ impl Stack {
             return Ok(None);
         }
         let buf = device_buffer::<u8>(ctx, (total + 4).next_multiple_of(16), BufferUsage::STORAGE_BUFFER)?;
-        for (v, &o) in views.iter().zip(&offsets) {
-            upload(ctx, &buf.clone().slice(o..o + v.bytes().len() as u64), v.bytes())?;
-        }
         let rows: usize = views.iter().map(|v| v.rows).sum();
         let w = DeviceWeight::from_buffer(ctx, dtype, rows, cols, buf.clone())?;
         if w.ranges.len() != 1 {
             return Ok(None);
+        }
+        for (v, &o) in views.iter().zip(&offsets) {
+            upload(ctx, &buf.clone().slice(o..o + v.bytes().len() as u64), v.bytes())?;
         }
         let bind = |w: DeviceWeight| BoundWeight::bind(ctx, kernels, w);
         let ends = offsets.iter().skip(1).copied().chain([buf.len()]);
