@@ -19,18 +19,12 @@ out=${OUT:-/tmp/gpu_decode_ab}
 mkdir -p "$out"
 . "$(dirname "$0")/gpu_env.sh"
 gpu_env "$new"
-synth() { [ -d "/tmp/$1" ] || "$new" synth --preset qwen3-30b-a3b --out "/tmp/$1" "${@:2}" | tail -1; }
-synth q30 --layers 3
-synth q30q --layers 3 --quant q4_k_m
-synth q30l12 --layers 12
-ids=$(python3 -c "print(','.join(str((i*7919+13)%151936) for i in range(512)))")
 for v in q30 q30q q30l12; do
-  # Every expert of every MoE layer at its layer's blob stride.
-  all=$(python3 -c "
-import json; m = json.load(open('/tmp/$v/manifest.json'))
-print(sum(l['layout']['blob_stride'] for l in m['experts']['layers']) * m['model']['num_experts'])")
-  flags=(--vault "/tmp/$v" --max-tokens 256 --ignore-eos --backend vulkan --device 0 --chunk-size 512
-    --max-context 1200 --ring-bytes 64GiB --vram-bytes "$all" --warmup --prompt-ids "$ids")
+  case $v in
+  q30) resident_q30 "$new" q30 --layers 3 ;;
+  q30q) resident_q30 "$new" q30q --layers 3 --quant q4_k_m ;;
+  q30l12) resident_q30 "$new" q30l12 --layers 12 ;;
+  esac
   for run in 1 2; do
     for b in old new; do
       bin=$old; [ $b = new ] && bin=$new

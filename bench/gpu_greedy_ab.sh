@@ -15,15 +15,10 @@ new=$(realpath "$1")
 old=$(realpath "$2")
 . "$(dirname "$0")/gpu_env.sh"
 gpu_env "$new"
-ids=$(python3 -c "print(','.join(str((i*7919+13)%151936) for i in range(512)))")
 for v in q30 q30q; do
   q=(); [ $v = q30q ] && q=(--quant q4_k_m)
-  [ -d "/tmp/$v" ] || "$new" synth --preset qwen3-30b-a3b --out "/tmp/$v" --layers 3 "${q[@]}" | tail -1
-  all=$(python3 -c "
-import json; m = json.load(open('/tmp/$v/manifest.json'))
-print(sum(l['layout']['blob_stride'] for l in m['experts']['layers']) * m['model']['num_experts'])")
-  flags=(--vault "/tmp/$v" --max-tokens 256 --ignore-eos --backend vulkan --device 0 --chunk-size 512
-    --max-context 1200 --ring-bytes 64GiB --vram-bytes "$all" --warmup --prompt-ids "$ids" --json)
+  resident_q30 "$new" $v --layers 3 "${q[@]}"
+  flags+=(--json)
   for run in 1 2 3; do
     for b in old new; do
       bin=$old; [ $b = new ] && bin=$new

@@ -206,7 +206,7 @@ pub trait Backend {
         src: Plane,
         rows: usize,
     ) -> Result<(), ForwardError> {
-        group.iter().try_for_each(|&(w, dst)| self.project(w, src, dst, rows, Write::Set))
+        project_each(self, group, src, rows)
     }
     /// Per-head RMSNorm (`q_norm`, `k_norm`) and RoPE on [`Plane::Q`] and [`Plane::K`]
     /// for positions `start..start + rows`, and appends the block's keys and values to
@@ -352,6 +352,17 @@ pub trait Backend {
     /// Adds the device times and host waits measured since the last call to `into`
     /// (everything recorded has run: called after a sync point).
     fn take_device_times(&mut self, _into: &mut PhaseProfile) {}
+}
+
+/// [`Backend::project_group`] as one [`Backend::project`] per member (the default, and a
+/// backend's fallback where it cannot fuse the group).
+pub fn project_each<B: Backend + ?Sized>(
+    b: &mut B,
+    group: &[(&TensorRef, Plane)],
+    src: Plane,
+    rows: usize,
+) -> Result<(), ForwardError> {
+    group.iter().try_for_each(|&(w, dst)| b.project(w, src, dst, rows, Write::Set))
 }
 
 /// What every backend's forward pass offers the generation loop and the scheduler: run

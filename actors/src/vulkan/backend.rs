@@ -28,7 +28,7 @@ use super::timing::{lock, DeviceTimer, SharedTimer};
 use super::vram::VramTier;
 use super::weights::{device_embeds, DeviceModel};
 use super::VulkanError;
-use crate::contract::{Backend, Flush, ForwardError, KvState, Plane, Write};
+use crate::contract::{project_each, Backend, Flush, ForwardError, KvState, Plane, Write};
 use crate::engine::VramSize;
 use crate::model::{MixerRefs, Model};
 use crate::profile::{Phase, PhaseProfile, Regime};
@@ -378,7 +378,7 @@ impl Backend for VulkanBackend {
         self.rec()?;
         let stack = group.first().and_then(|(w, _)| self.weights.stack(w));
         let Some(stack) = stack.filter(|s| rows == 1 && s.splits.len() + 1 == group.len()) else {
-            return group.iter().try_for_each(|&(w, dst)| self.project(w, src, dst, rows, Write::Set));
+            return project_each(self, group, src, rows);
         };
         // One m=1 dispatch over the stack: each member's rows go to its plane.
         let mut args = self.args(src, group[0].1, rows);

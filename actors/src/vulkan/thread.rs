@@ -19,16 +19,26 @@ use crate::mailbox::{SpawnError, ThreadActor};
 use crate::model::Model;
 use crate::profile::PhaseProfile;
 
+/// What a block hands back of its last token.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Emit {
+    /// Nothing (a prefill chunk).
+    Nothing,
+    /// Its logits.
+    Logits,
+    /// Only its greedy choice, read in place from the logits.
+    Greedy,
+}
+
 /// A request to the executor thread.
 enum Job {
-    /// Run a block: the cache (its device buffers are shared), the tokens, whether to
-    /// return logits or only the greedy choice, the bet depth, whether to trace, and the
-    /// buffers the reply fills (moved back and forth, so a step allocates nothing).
+    /// Run a block: the cache (its device buffers are shared), the tokens, what to hand
+    /// back, the bet depth, whether to trace, and the buffers the reply fills (moved back
+    /// and forth, so a step allocates nothing).
     Forward {
         kv: VulkanKvCache,
         tokens: Vec<u32>,
-        want_logits: bool,
-        greedy: bool,
+        emit: Emit,
         spec_depth: usize,
         trace: bool,
         logits: Vec<f32>,
@@ -70,31 +80,20 @@ struct Worker {
 
 fn serve(ex: &mut Worker, job: Job) -> Reply {
     match job {
-        Job::Forward {
-            mut kv,
-            tokens,
-            want_logits,
-            greedy,
-            spec_depth,
-            trace,
-            mut logits,
-            mut union_sizes,
-        } => {
+        Job::Forward { mut kv, tokens, emit, spec_depth, trace, mut logits, mut union_sizes } => {
             let pass = &mut ex.pass;
             pass.moe_mut().set_spec_depth(spec_depth);
-            pass.backend_mut().set_greedy_only(greedy);
+            pass.backend_mut().set_greedy_only(emit == Emit::Greedy);
             if trace {
                 pass.moe_mut().enable_trace();
             }
             let result = pass.backend_mut().record_state_ops(&kv);
-            let result = result.and_then(|()| pass.run(&mut kv, &tokens, want_logits)).map(|l| l.is_some());
+            let result = result.and_then(|()| pass.run(&mut kv, &tokens, emit != Emit::Nothing).map(|_| ()));
             // The logits change hands, not bytes (a vocabulary's row is ~600 KB).
             logits.clear();
-            let result = result.map(|some| {
-                if some && !greedy {
-                    pass.backend_mut().swap_logits(&mut logits);
-                }
-            });
+            if result.is_ok() && emit == Emit::Logits {
+                pass.backend_mut().swap_logits(&mut logits);
+            }
             let greedy = pass.backend_mut().take_greedy();
             union_sizes.clone_from_slice(pass.moe().union_sizes());
             Reply::Forward {
@@ -205,14 +204,14 @@ impl VulkanPass {
         }
     }
 
-    /// Runs a block on the executor thread (see [`Job::Forward`]); with `greedy`, returns
-    /// the last token's greedy choice instead of keeping its logits.
+    /// Runs a block on the executor thread (see [`Job::Forward`]); returns the last
+    /// token's greedy choice when `emit` asks for it (its logits, when asked for, are
+    /// then in `self.logits`).
     fn run(
         &mut self,
         kv: &mut VulkanKvCache,
         tokens: &[u32],
-        want_logits: bool,
-        greedy: bool,
+        emit: Emit,
     ) -> Result<Option<u32>, ForwardError> {
         // Bad blocks are refused here, before the executor records the state copies the
         // cache waits for: a failed block makes a cache with recurrent state start over.
@@ -223,8 +222,7 @@ impl VulkanPass {
         let job = Job::Forward {
             kv: kv.clone(),
             tokens: batch,
-            want_logits,
-            greedy,
+            emit,
             spec_depth: self.spec_depth,
             trace: self.trace.is_some(),
             logits: std::mem::take(&mut self.logits),
@@ -283,11 +281,11 @@ impl ForwardPass for VulkanPass {
         tokens: &[u32],
         want_logits: bool,
     ) -> Result<Option<&[f32]>, ForwardError> {
-        self.run(kv, tokens, want_logits, false)?;
+        self.run(kv, tokens, if want_logits { Emit::Logits } else { Emit::Nothing })?;
         Ok(want_logits.then_some(self.logits.as_slice()))
     }
     fn forward_greedy(&mut self, kv: &mut VulkanKvCache, tokens: &[u32]) -> Result<u32, ForwardError> {
-        self.run(kv, tokens, true, true)?
+        self.run(kv, tokens, Emit::Greedy)?
             .ok_or_else(|| ForwardError::Device("the executor returned no greedy choice".into()))
     }
     fn last_union_sizes(&self) -> &[usize] {

@@ -48,6 +48,9 @@ impl Stack {
         model: &Model,
         members: &[&TensorRef],
     ) -> Result<Option<(Stack, Vec<BoundWeight>)>, VulkanError> {
+        if !(2..=4).contains(&members.len()) {
+            return Ok(None);
+        }
         let views: Vec<_> = members.iter().map(|r| model.w(r)).collect();
         let (dtype, cols) = (views[0].dtype(), views[0].cols);
         let align =
@@ -58,8 +61,7 @@ impl Stack {
             offsets.push(total);
             total += v.bytes().len() as u64;
         }
-        let stackable = (2..=4).contains(&views.len())
-            && views.iter().all(|v| v.dtype() == dtype && v.cols == cols)
+        let stackable = views.iter().all(|v| v.dtype() == dtype && v.cols == cols)
             && offsets.iter().all(|o| o.is_multiple_of(align.max(4)));
         if !stackable {
             return Ok(None);
