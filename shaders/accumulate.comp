@@ -21,12 +21,23 @@ void main() {
     if (d >= pc.h) {
         return;
     }
+    // The first 16 ranks' outputs and weights (and the residual) are requested at once,
+    // then summed in rank order; ranks past 16 are read one at a time.
+    uint xi = pc.x_off + t * pc.h + d;
+    float res = act[xi];
+    float yv[16], wv[16];
+#define LOAD if (r < pc.k) {                                                   \
+        uint i = t * pc.k + r;                                                 \
+        yv[r] = act[pc.y_off + i * pc.h + d];                                  \
+        wv[r] = route_f[pc.w_off + i];                                         \
+    }
+    FOR16(r, LOAD)
     precise float a = 0.0;
-    for (uint r = 0u; r < pc.k; r++) {
+    FOR16(r, if (r < pc.k) { a = a + yv[r] * wv[r]; })
+    for (uint r = 16u; r < pc.k; r++) {
         uint i = t * pc.k + r;
         a = a + act[pc.y_off + i * pc.h + d] * route_f[pc.w_off + i];
     }
-    uint xi = pc.x_off + t * pc.h + d;
-    precise float x = act[xi] + a;
+    precise float x = res + a;
     act[xi] = x;
 }

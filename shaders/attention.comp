@@ -96,6 +96,7 @@ shared float cmax[MAX_ROWS];     // m_c per row
 uint G;      // query heads per KV head
 uint g;      // the KV head
 uint tile0;  // the tile's first row (of the KV head's rows)
+uint LIVE;   // rows of the tile with a token (only those are computed)
 
 // Positions row r of the tile attends to (0 for rows past the last token).
 uint row_n(uint r) {
@@ -124,7 +125,7 @@ void chunk_scores(uint c, uint nmax) {
         // registers first, all loads in flight at once and while the previous slice's
         // readers finish, then stored.
         vec4 qv = vec4(0.0);
-        if (tid < pc.rows * w4 && row_n(tid / w4) > 0u) {
+        if (tid < LIVE * w4) {
             qv = act4[row_at(pc.q_off, tid / w4) + d0 / 4u + tid % w4];
         }
         vec4 kv[2];
@@ -136,14 +137,14 @@ void chunk_scores(uint c, uint nmax) {
         FOR2(u, K_LOAD)
 #undef K_LOAD
         barrier();
-        if (tid < pc.rows * w4) {
+        if (tid < LIVE * w4) {
             qs[(tid / w4) * KS4 + tid % w4] = qv;
         }
         FOR2(u, if (tid + 256u * u < CH * w4) { stage[((tid + 256u * u) / w4) * KS4 + (tid + 256u * u) % w4] = kv[u]; })
         barrier();
         for (uint x = 0u; x < w4; x++) {
             vec4 k = stage[j * KS4 + x];
-#define DOT(i) if (rq + 4u * i < pc.rows) {                                   \
+#define DOT(i) if (rq + 4u * i < LIVE) {                                     \
                 vec4 q = qs[(rq + 4u * i) * KS4 + x];                         \
                 s[i] = s[i] + q.x * k.x;                                      \
                 s[i] = s[i] + q.y * k.y;                                      \
@@ -154,7 +155,7 @@ void chunk_scores(uint c, uint nmax) {
 #undef DOT
         }
     }
-#define STORE(i) if (rq + 4u * i < pc.rows) {                                 \
+#define STORE(i) if (rq + 4u * i < LIVE) {                                   \
         precise float v = s[i] * pc.scale;                                    \
         ps[(rq + 4u * i) * CH + j] = c * CH + j < row_n(rq + 4u * i) ? v : NEG_INF; \
     }
@@ -162,7 +163,7 @@ void chunk_scores(uint c, uint nmax) {
 #undef STORE
     barrier();
     // Maxima: 8 lanes per row over 8 positions each, then the 8 in order (max is exact).
-    if (tid < pc.rows * 8u) {
+    if (tid < LIVE * 8u) {
         uint b = (tid / 8u) * CH + (tid % 8u) * 8u;
         float mx = ps[b];
         for (uint k = 1u; k < 8u; k++) {
@@ -171,7 +172,7 @@ void chunk_scores(uint c, uint nmax) {
         red[tid] = mx;
     }
     barrier();
-    if (tid < pc.rows) {
+    if (tid < LIVE) {
         float mx = red[tid * 8u];
         for (uint k = 1u; k < 8u; k++) {
             mx = max(mx, red[tid * 8u + k]);
@@ -180,7 +181,7 @@ void chunk_scores(uint c, uint nmax) {
     }
     barrier();
     // Probabilities of the live scores.
-#define PROB(i) if (rq + 4u * i < pc.rows) {                                  \
+#define PROB(i) if (rq + 4u * i < LIVE) {                                    \
         uint at = (rq + 4u * i) * CH + j;                                     \
         if (c * CH + j < row_n(rq + 4u * i)) {                                \
             precise float p = expf_(ps[at] - cmax[rq + 4u * i]);                \
@@ -238,11 +239,12 @@ void main() {
     G = pc.nh / pc.nkv;
     g = gl_WorkGroupID.z;
     tile0 = gl_WorkGroupID.y * pc.rows;
+    LIVE = min(pc.rows, pc.m * G - tile0);
     uint tid = gl_LocalInvocationID.x;
     uint hd4 = pc.hd / 4u;
     uint d4 = tid % hd4;
     // Positions staged: those of the tile's last token.
-    uint last = min(tile0 + pc.rows, pc.m * G) - 1u;
+    uint last = tile0 + LIVE - 1u;
     uint nmax = START + last / G + 1u;
     // V rows per stage.
     uint jv = min(CH, STAGE4 / hd4);

@@ -46,12 +46,31 @@ void main() {
     uint head = is_q ? s : s - pc.nh;
     uint src = is_q ? pc.q_off + t * qd + head * hd : pc.k_off + t * kvd + head * hd;
 
-    precise float ss = 0.0;
-    for (uint i = tid; i < hd; i += 128u) {
-        float v = act[src + i];
-        xs[i] = v;
-        ss = ss + v * v;
+    uint cache = pos * kvd + head * hd;
+    uint vsrc = pc.v_off + t * kvd + head * hd;
+    // Everything the workgroup reads is requested first (elements i = tid + 128u of the
+    // head, rotary pairs i < half_), so the loads are in flight together instead of one
+    // round trip per step.
+    float xv[4], wv[4], vv[4], cv[2], sv[2];
+#define LOAD_X {                                                               \
+        uint i = tid + 128u * u;                                               \
+        xv[u] = i < hd ? act[src + i] : 0.0;                                   \
+        wv[u] = i < hd ? (is_q ? qn[i] : kn[i]) : 0.0;                         \
+        vv[u] = i < hd && !is_q ? act[vsrc + i] : 0.0;                         \
     }
+    FOR4(u, LOAD_X)
+#define LOAD_ROT {                                                             \
+        uint i = tid + 128u * u;                                               \
+        cv[u] = i < half_ ? rcos[pos * half_ + i] : 0.0;                       \
+        sv[u] = i < half_ ? rsin[pos * half_ + i] : 0.0;                       \
+    }
+    FOR2(u, LOAD_ROT)
+    precise float ss = 0.0;
+#define SQUARE if (tid + 128u * u < hd) {                                      \
+        xs[tid + 128u * u] = xv[u];                                            \
+        ss = ss + xv[u] * xv[u];                                               \
+    }
+    FOR4(u, SQUARE)
     red[tid] = ss;
     barrier();
     for (uint st = 64u; st > 0u; st >>= 1u) {
@@ -63,28 +82,27 @@ void main() {
     }
     precise float ms = red[0] / float(hd);
     precise float r = 1.0 / sqrt(ms + pc.eps);
-    for (uint i = tid; i < hd; i += 128u) {
-        float w = is_q ? qn[i] : kn[i];
-        precise float o = w * (xs[i] * r);
-        xs[i] = o;
+#define NORM if (tid + 128u * u < hd) {                                        \
+        precise float o = wv[u] * (xv[u] * r);                                 \
+        xs[tid + 128u * u] = o;                                                \
     }
+    FOR4(u, NORM)
     barrier();
-    uint cache = pos * kvd + head * hd;
-    for (uint i = tid; i < half_; i += 128u) {
-        float a = xs[i];
-        float b = xs[i + half_];
-        float c = rcos[pos * half_ + i];
-        float sn = rsin[pos * half_ + i];
-        precise float lo = a * c - b * sn;
-        precise float hi = b * c + a * sn;
-        if (is_q) {
-            act[src + i] = lo;
-            act[src + i + half_] = hi;
-        } else {
-            kc[cache + i] = lo;
-            kc[cache + i + half_] = hi;
-        }
+#define ROTATE if (tid + 128u * u < half_) {                                   \
+        uint i = tid + 128u * u;                                               \
+        float a = xs[i];                                                       \
+        float b = xs[i + half_];                                               \
+        precise float lo = a * cv[u] - b * sv[u];                              \
+        precise float hi = b * cv[u] + a * sv[u];                              \
+        if (is_q) {                                                            \
+            act[src + i] = lo;                                                 \
+            act[src + i + half_] = hi;                                         \
+        } else {                                                               \
+            kc[cache + i] = lo;                                                \
+            kc[cache + i + half_] = hi;                                        \
+        }                                                                      \
     }
+    FOR2(u, ROTATE)
     for (uint i = 2u * half_ + tid; i < hd; i += 128u) {
         float o = xs[i];
         if (is_q) {
@@ -94,9 +112,6 @@ void main() {
         }
     }
     if (!is_q) {
-        uint vsrc = pc.v_off + t * kvd + head * hd;
-        for (uint i = tid; i < hd; i += 128u) {
-            vc[cache + i] = act[vsrc + i];
-        }
+        FOR4(u, if (tid + 128u * u < hd) { vc[cache + tid + 128u * u] = vv[u]; })
     }
 }

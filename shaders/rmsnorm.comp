@@ -49,9 +49,19 @@ void main() {
     // Element i = tid + WG_SIZE · j of the row: the first RC of each thread are loaded
     // at once (their loads in flight together) and kept for the second pass; a longer
     // row's rest is read one at a time. The sum of squares runs over j in order.
+    // The weights (and z) are loaded with x, so their loads are in flight during the
+    // reduction instead of after it.
     float xv[RC];
 #define X_LOAD xv[j] = tid + WG_SIZE * j < pc.n ? act[xi + tid + WG_SIZE * j] : 0.0;
     FOR16(j, X_LOAD)
+    float wv[RC];
+#define W_LOAD wv[j] = tid + WG_SIZE * j < pc.n ? nw[tid + WG_SIZE * j] : 0.0;
+    FOR16(j, W_LOAD)
+#ifdef GATED
+    float zv[RC];
+#define Z_LOAD zv[j] = tid + WG_SIZE * j < pc.n ? act[zi + tid + WG_SIZE * j] : 0.0;
+    FOR16(j, Z_LOAD)
+#endif
     precise float ss = 0.0;
 #define X_SQUARE                                                               \
     if (tid + WG_SIZE * j < pc.n) {                                            \
@@ -73,14 +83,6 @@ void main() {
     }
     precise float ms = red[0] / float(pc.n);
     precise float r = 1.0 / sqrt(ms + pc.eps);
-    float wv[RC];
-#define W_LOAD wv[j] = tid + WG_SIZE * j < pc.n ? nw[tid + WG_SIZE * j] : 0.0;
-    FOR16(j, W_LOAD)
-#ifdef GATED
-    float zv[RC];
-#define Z_LOAD zv[j] = tid + WG_SIZE * j < pc.n ? act[zi + tid + WG_SIZE * j] : 0.0;
-    FOR16(j, Z_LOAD)
-#endif
 #define Y_STORE                                                                \
     if (tid + WG_SIZE * j < pc.n) {                                            \
         precise float o = wv[j] * (xv[j] * r);                                 \

@@ -56,7 +56,7 @@ shared float redf[WG_SIZE];
 shared uint order[MAX_E];  // the expert of each rank
 shared float wts[MAX_E];   // the top-k weights
 #ifdef TABLE
-shared uint slot_buf[MAX_E];  // per routed expert: its slot's tier buffer (NONE: none)
+shared uint slot_buf[MAX_E];  // per expert: its slot's tier buffer (NONE: none)
 shared uint slot_at[MAX_E];   // and byte offset there
 #endif
 
@@ -65,6 +65,16 @@ void main() {
     uint t = gl_WorkGroupID.y;
     uint src = pc.in_off + t * pc.ne;
     uint dst = pc.out_off + t * pc.out_stride;
+#ifdef TABLE
+    // Every expert's tier slot (e = tid + 256u, ne <= 1024) is requested first, so the
+    // read of the host-written table overlaps the softmax and the ranking.
+    uint sb[4], sa[4];
+    FOR4(u, if (tid + WG_SIZE * u < pc.ne) {
+        uint at = 2u * (pc.slot_off + tid + WG_SIZE * u);
+        sb[u] = slots[at];
+        sa[u] = slots[at + 1u];
+    })
+#endif
 
     float mx = -1.0 / 0.0;
     for (uint e = tid; e < pc.ne; e += WG_SIZE) {
@@ -126,6 +136,12 @@ void main() {
             order[before] = e;
         }
     }
+#ifdef TABLE
+    FOR4(u, if (tid + WG_SIZE * u < pc.ne) {
+        slot_buf[tid + WG_SIZE * u] = sb[u];
+        slot_at[tid + WG_SIZE * u] = sa[u];
+    })
+#endif
     barrier();
     // The top-k weights (summed in rank order, then divided), then the outputs, written
     // in parallel.
@@ -144,15 +160,6 @@ void main() {
             }
         }
     }
-#ifdef TABLE
-    // Each routed expert's tier slot, read once for the tables below.
-    for (uint r = tid; r < pc.k; r += WG_SIZE) {
-        uint e = order[r];
-        uint at = 2u * (pc.slot_off + min(e, pc.ne - 1u));
-        slot_buf[r] = e < pc.ne ? slots[at] : NONE;
-        slot_at[r] = slots[at + 1u];
-    }
-#endif
     barrier();
     for (uint r = tid; r < pc.ranks; r += WG_SIZE) {
         act[dst + r] = uintBitsToFloat(order[r]);
@@ -184,9 +191,10 @@ void main() {
     for (uint b = tid; b < pc.buffers; b += WG_SIZE) {
         uint n = 0u;
         for (uint r = 0u; r < pc.k; r++) {
-            if (slot_buf[r] == b) {
+            uint e = order[r];
+            if (e < pc.ne && slot_buf[e] == b) {
                 uint at = o + 2u * pc.k + 3u * (pc.k * b + n);
-                route_u[at] = slot_at[r];
+                route_u[at] = slot_at[e];
                 route_u[at + 1u] = r;
                 route_u[at + 2u] = 1u;
                 n++;
@@ -202,7 +210,8 @@ void main() {
     if (tid == 0u) {
         uint misses = 0u;
         for (uint r = 0u; r < pc.k; r++) {
-            misses += slot_buf[r] == NONE ? 1u : 0u;
+            uint e = order[r];
+            misses += e >= pc.ne || slot_buf[e] == NONE ? 1u : 0u;
         }
         act[dst + pc.ne + pc.k] = uintBitsToFloat(misses);
         io[pc.io_out + pc.ne + pc.k] = uintBitsToFloat(misses);
