@@ -817,6 +817,50 @@ fn gpu_sigmoid_agrees_with_the_cpus() {
     assert!(worst <= 3 && share >= 0.98, "GPU sigmoid: worst {worst} ulp, {share} bitwise equal");
 }
 
+/// The greedy choice on the device (`shaders/argmax.comp`) is the sampler's `argmax` on
+/// rows of many ties, both zeros, infinities, subnormals and NaNs, with the maximum in
+/// the first, a middle and the last block, rows of one value and a first value of NaN.
+#[test]
+fn device_greedy_choice_is_the_samplers_argmax() {
+    use smoe_actors::sampler::argmax;
+    let Some(ctx) = vulkan::context() else { return };
+    let n = 5000; // four blocks of 1024 and a partial one
+    let h = KernelHarness::new(ctx, 2 * n + 64, 16).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let specials = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-45, -1e-45, 1e-39, 3.0];
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for _ in 0..40 {
+        // Few distinct values (ties everywhere), some special.
+        let row: Vec<f32> = (0..n)
+            .map(|_| match rng.random_range(0..10) {
+                0 => specials[rng.random_range(0..specials.len())],
+                r => r as f32 * 0.5 - 3.0,
+            })
+            .collect();
+        rows.push(row);
+    }
+    for at in [0, 1, 1023, 1024, 2500, n - 1] {
+        let mut row = rand_vec(&mut rng, n);
+        row[at] = 100.0;
+        rows.push(row);
+    }
+    let mut row = rand_vec(&mut rng, n);
+    row[0] = f32::NAN;
+    rows.push(row);
+    rows.push(vec![f32::NAN; n]);
+    rows.push(vec![-0.0; n]);
+    rows.push(vec![f32::NEG_INFINITY; n]);
+    let mut zeros = vec![-1.0; n];
+    (zeros[7], zeros[3000]) = (-0.0, 0.0);
+    rows.push(zeros);
+    let mut tiny = vec![0.0; n];
+    tiny[4000] = 1e-45;
+    rows.push(tiny);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(h.argmax(row).unwrap() as usize, argmax(row), "row {i}");
+    }
+}
+
 #[test]
 fn device_ranking_is_the_hosts() {
     // `route.comp` against actors/src/router/rank.rs on rows of random logits, rows of

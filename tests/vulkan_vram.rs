@@ -42,16 +42,45 @@ fn strides(vault: &Path) -> Vec<u64> {
     s
 }
 
-/// A greedy run on Vulkan with `--vram-bytes vram` and `extra` flags (a prompt over
-/// three chunks, then decode): its JSON and logits.
+/// The runs' prompt: three chunks of 4 tokens or fewer.
+fn prompt() -> Vec<u32> {
+    (0..10).map(|i| (i * 37 + 5) % 500).collect()
+}
+
+/// A greedy run on Vulkan with `--vram-bytes vram` and `extra` flags (the prompt, then
+/// decode): its JSON and logits.
 fn run(dir: &Path, vault: &Path, vram: u64, extra: &[&str]) -> (Value, Vec<f32>) {
     let logits = dir.join(format!("{vram}.safetensors"));
-    let prompt: Vec<u32> = (0..10).map(|i| (i * 37 + 5) % 500).collect();
     let v = vram.to_string();
     let mut flags = vec!["--backend", "vulkan", "--chunk-size", "4", "--vram-bytes", &v];
     flags.extend_from_slice(extra);
-    let out = generate_json(vault, &prompt, 6, &logits, &flags);
+    let out = generate_json(vault, &prompt(), 6, &logits, &flags);
     (out, read_f32(&logits, "logits").1)
+}
+
+/// The token ids of the greedy run of [`run`] without `--logits-out`, as `serve` runs:
+/// each step hands back only its greedy choice, made on the device.
+fn greedy_ids(vault: &Path, vram: u64) -> Vec<u32> {
+    let (p, v) = (ids_arg(&prompt()), vram.to_string());
+    let args = [
+        "generate",
+        "--vault",
+        vault.to_str().unwrap(),
+        "--prompt-ids",
+        &p,
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--json",
+        "--backend",
+        "vulkan",
+        "--chunk-size",
+        "4",
+        "--vram-bytes",
+        &v,
+    ];
+    let out: Value = serde_json::from_str(&run_ok(&args)).expect("generate --json prints JSON");
+    id_list(&out["token_ids"])
 }
 
 /// Checks the tier's counters against the claims of `out`'s run: every claim was a hit or
@@ -104,6 +133,14 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
             "{quant:?}: replayed"
         );
         check_counters(&out, all);
+        // Greedy choices only, tier off and on (replayed steps): the same ids.
+        for vram in [0, 1 << 30] {
+            assert_eq!(
+                greedy_ids(&vault, vram),
+                id_list(&off["token_ids"]),
+                "{quant:?}: greedy, tier {vram}"
+            );
+        }
         // Device-routed steps that also rank bets (queued as prefetches): the same bytes.
         let (_, logits) = run(dir.path(), &vault, 1 << 30, &["--spec-depth", "3"]);
         assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{quant:?}: bets");

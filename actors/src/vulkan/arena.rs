@@ -6,6 +6,7 @@ use crate::contract::Plane;
 use crate::model::Model;
 
 use super::attention::AttentionShape;
+use super::record::argmax_floats;
 use super::VulkanError;
 
 /// Offsets (f32 elements) of the regions of the activation arena, and each plane's row
@@ -31,6 +32,8 @@ pub struct Arena {
     pub pos: u32,
     /// The attention kernels' chunk partials (see [`AttentionShape::partial_floats`]).
     pub attn_partials: u32,
+    /// The greedy choice's block pairs (see [`argmax_floats`]).
+    pub argmax: u32,
     /// Elements in all.
     pub len: u32,
 }
@@ -63,6 +66,7 @@ impl Arena {
         let logits = take(c.vocab_size);
         let pos = take(1);
         let attn_partials = take(AttentionShape::of(c).partial_floats(m, model.max_context));
+        let argmax = take(argmax_floats(c.vocab_size));
         if off > u32::MAX as u64 / 2 {
             return Err(VulkanError::Unsupported(format!(
                 "activations for {m} rows need {off} floats; lower the chunk size"
@@ -77,6 +81,7 @@ impl Arena {
             logits,
             pos,
             attn_partials,
+            argmax,
             len: off as u32,
         })
     }

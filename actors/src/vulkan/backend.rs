@@ -22,8 +22,8 @@ use super::device_route::DeviceRoutes;
 use super::experts::{ExpertPath, ExpertState};
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
-use super::record::{MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
-use super::replay::Replays;
+use super::record::{set0, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
+use super::replay::{Emit, Replays};
 use super::timing::{lock, DeviceTimer, SharedTimer};
 use super::vram::VramTier;
 use super::weights::{device_embeds, DeviceModel};
@@ -32,7 +32,6 @@ use crate::contract::{project_each, Backend, Flush, ForwardError, KvState, Plane
 use crate::engine::VramSize;
 use crate::model::{MixerRefs, Model};
 use crate::profile::{Phase, PhaseProfile, Regime};
-use crate::sampler::argmax;
 use crate::vault::TensorRef;
 
 /// Most experts per layer the ranking kernel (`route.comp`) holds.
@@ -54,6 +53,10 @@ pub struct VulkanBackend {
     io_logits: usize,
     /// Where in `io` the position of the block's first token goes (see [`Arena::pos`]).
     io_pos: usize,
+    /// Where in `io` the greedy choice comes back (one word, the index's bits), and the
+    /// set binding `io` for the kernel that writes it.
+    io_greedy: usize,
+    greedy_set: Arc<DescriptorSet>,
     /// The recording in progress.
     rec: Option<Recorder>,
     /// A staging upload to run before `rec`.
@@ -105,8 +108,10 @@ impl VulkanBackend {
             return Err(VulkanError::Unsupported(format!("{} experts > {MAX_EXPERTS}", c.num_experts)));
         }
         let io_pos = io_logits + c.vocab_size;
-        // The device-routed steps' ranking kernel writes its rows here directly.
-        let io = host_buffer::<f32>(&ctx, io_pos as u64 + 1, BufferUsage::STORAGE_BUFFER)?;
+        let io_greedy = io_pos + 1;
+        // The device-routed steps' ranking kernel and the greedy choice write here directly.
+        let io = host_buffer::<f32>(&ctx, io_greedy as u64 + 1, BufferUsage::STORAGE_BUFFER)?;
+        let greedy_set = set0(&ctx, &kernels.argmax_final, &[io.clone().into_bytes()])?;
         let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref(), &io)?;
         let act_set = DescriptorSet::new(
             ctx.descriptors.clone(),
@@ -124,6 +129,8 @@ impl VulkanBackend {
             io_routed,
             io_logits,
             io_pos,
+            io_greedy,
+            greedy_set,
             rec: None,
             transfer: None,
             pending: None,
@@ -141,7 +148,8 @@ impl VulkanBackend {
     }
 
     /// Whether the passes from now on keep their logits (off) or only their greedy choice
-    /// (on: [`VulkanBackend::take_greedy`]), found by reading the logits in place.
+    /// (on: [`VulkanBackend::take_greedy`]), chosen on the device (`shaders/argmax.comp`)
+    /// so the logits stay there.
     pub fn set_greedy_only(&mut self, on: bool) {
         self.greedy_only = on;
     }
@@ -585,17 +593,19 @@ impl Backend for VulkanBackend {
         let args = MatmulArgs { out_off: a.logits, out_stride: 0, ..self.args(Plane::Xn, Plane::Xn, 1) };
         let rec = self.rec.as_mut().expect("started");
         self.weights.matrix(lm_head)?.record(rec, args, false)?;
+        self.logits.clear();
+        if self.greedy_only {
+            rec.argmax(self.greedy_set.clone(), vocab as u32, a.logits, a.argmax, self.io_greedy as u32)?;
+            self.submit(true)?;
+            let io = self.io.read().map_err(verr("reading the greedy choice"))?;
+            self.greedy = Some(io[self.io_greedy].to_bits());
+            return Ok(());
+        }
         let (lo, io0, v) = (a.logits as u64, self.io_logits as u64, vocab as u64);
         rec.copy(self.act.clone().slice(lo..lo + v), self.io.clone().slice(io0..io0 + v))?;
         self.submit(true)?;
         let io = self.io.read().map_err(verr("reading logits"))?;
-        let row = &io[self.io_logits..self.io_logits + vocab];
-        self.logits.clear();
-        if self.greedy_only {
-            self.greedy = Some(argmax(row) as u32);
-        } else {
-            self.logits.extend_from_slice(row);
-        }
+        self.logits.extend_from_slice(&io[self.io_logits..self.io_logits + vocab]);
         Ok(())
     }
 
@@ -638,7 +648,12 @@ impl Backend for VulkanBackend {
         logits: bool,
     ) -> Result<(), ForwardError> {
         let replayable = rows == 1 && self.timer.is_none() && self.model.cfg.hybrid.is_none();
-        self.replays.begin(kv, device_bets.filter(|_| replayable).map(|bets| (bets, logits)));
+        let emit = match (logits, self.greedy_only) {
+            (false, _) => Emit::Nothing,
+            (true, false) => Emit::Logits,
+            (true, true) => Emit::Greedy,
+        };
+        self.replays.begin(kv, device_bets.filter(|_| replayable).map(|bets| (bets, emit)));
         // The block's position is data, not a push constant, so a kept recording serves
         // every position: the host writes it, the recording copies it to the arena's
         // position word, which the RoPE and attention kernels read.

@@ -271,6 +271,18 @@ impl KernelHarness {
         self.run(|r| r.dispatch(&self.kernels.route, None, push, [1, m, 1]), 1).map(|_| ())
     }
 
+    /// The greedy choice (`shaders/argmax.comp`) of `values`, written at activation offset
+    /// 0 (the blocks' pairs after them; the activations must hold both).
+    pub fn argmax(&self, values: &[f32]) -> Result<u32, VulkanError> {
+        self.write_act(0, values)?;
+        let io = host_buffer::<f32>(&self.ctx, 1, BufferUsage::STORAGE_BUFFER)?;
+        let set = set0(&self.ctx, &self.kernels.argmax_final, &[io.clone().into_bytes()])?;
+        let n = values.len() as u32;
+        self.run(|r| r.argmax(set.clone(), n, 0, n.next_multiple_of(4), 0), 1)?;
+        let got = io.read().map_err(verr("reading the greedy choice"))?[0].to_bits();
+        Ok(got)
+    }
+
     /// The fused gate/up + SiLU kernel over `gate`/`up` (bound by [`KernelHarness::pair`]).
     pub fn gate_up(
         &self,

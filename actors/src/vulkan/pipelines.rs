@@ -123,6 +123,10 @@ pub struct Kernels {
     pub route: Kernel,
     /// The ranking of a device-routed decode step, with its expert tables.
     pub route_table: Kernel,
+    /// The greedy choice of a logits row: each block's best value and index.
+    pub argmax: Kernel,
+    /// The greedy choice of a logits row: the best of the blocks', to the host.
+    pub argmax_final: Kernel,
     /// The hybrid layers' kernels.
     pub delta: super::delta::DeltaKernels,
     /// The activation set layout shared by every kernel.
@@ -241,6 +245,8 @@ impl Kernels {
             accumulate: k("accumulate")?,
             route: k("route")?,
             route_table: k("route_table")?,
+            argmax: k("argmax")?,
+            argmax_final: k("argmax_final")?,
             delta: super::delta::DeltaKernels::new(device, &act_layout)?,
             act_layout,
         })

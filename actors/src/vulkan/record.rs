@@ -149,6 +149,14 @@ pub struct Recorder {
     act_set: Arc<DescriptorSet>,
 }
 
+/// Values per block of the greedy choice's first kernel (`BLOCK` in `shaders/argmax.comp`).
+pub const ARGMAX_BLOCK: u32 = 1024;
+
+/// Arena floats the greedy choice of a row of `n` values needs for its blocks' pairs.
+pub fn argmax_floats(n: usize) -> usize {
+    2 * n.div_ceil(ARGMAX_BLOCK as usize)
+}
+
 /// Makes a descriptor set for `kernel`'s set 0 from buffers bound at 0, 1, ...
 pub fn set0(
     ctx: &VulkanContext,
@@ -312,6 +320,26 @@ impl Recorder {
     ) -> Result<(), VulkanError> {
         let k = self.kernels.rmsnorm.clone();
         self.dispatch(&k, Some(set), [n, in_off, in_stride, out_off, out_stride, eps.to_bits()], [1, m, 1])
+    }
+
+    /// The greedy choice of the `n` values at arena offset `in_off`
+    /// (`shaders/argmax.comp`): each block of [`ARGMAX_BLOCK`] values' best pair goes to
+    /// `part_off` ([`argmax_floats`]), the chosen index to word `io_out` of the readback
+    /// buffer bound in `io_set`.
+    pub fn argmax(
+        &mut self,
+        io_set: Arc<DescriptorSet>,
+        n: u32,
+        in_off: u32,
+        part_off: u32,
+        io_out: u32,
+    ) -> Result<(), VulkanError> {
+        let blocks = n.div_ceil(ARGMAX_BLOCK);
+        let push = [n, in_off, part_off, blocks, io_out];
+        let k = self.kernels.argmax.clone();
+        self.dispatch(&k, None, push, [blocks, 1, 1])?;
+        let k = self.kernels.argmax_final.clone();
+        self.dispatch(&k, Some(io_set), push, [1, 1, 1])
     }
 
     /// Copies `src` to `dst`.

@@ -1,7 +1,7 @@
 //! Replaying a decode step's command buffer. A device-routed one-token pass
 //! ([`super::device_route`]) is one submission whose commands depend only on the
-//! session's cache, the bets its steps rank and whether it ends with the LM head
-//! (together its [`Shape`]): everything that changes
+//! session's cache, the bets its steps rank and what it hands back (together its
+//! [`Shape`]): everything that changes
 //! from token to token is data the host writes before the submission (the token, its
 //! position, the VRAM tier's slot table) or the device writes itself (the routing). So
 //! the first such pass of a session records and keeps its command buffer, and later ones
@@ -30,9 +30,20 @@ const KEPT: usize = 8;
 /// How long the host polls a replayed step's fence before it blocks on it.
 const SPIN: Duration = Duration::from_millis(20);
 
+/// What a pass hands back of its last token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emit {
+    /// Nothing (a prefill chunk).
+    Nothing,
+    /// Its logits.
+    Logits,
+    /// Only its greedy choice, chosen on the device.
+    Greedy,
+}
+
 /// What a replayable pass's commands depend on besides its cache: the bets each
-/// device-routed step ranks beyond top-k, and whether it ends with the LM head.
-pub type Shape = (usize, bool);
+/// device-routed step ranks beyond top-k, and what it hands back.
+pub type Shape = (usize, Emit);
 
 /// A kept command buffer and what it was recorded for.
 struct Kept {

@@ -9,6 +9,7 @@ use super::backend::VulkanBackend;
 use super::context::{DeviceInfo, VulkanContext};
 use super::experts::ExpertPath;
 use super::kv::VulkanKvCache;
+use super::replay::Emit;
 use super::VulkanError;
 use smoe_proto::{ClaimEvent, ClaimTally, VramSnapshot};
 
@@ -18,17 +19,6 @@ use crate::executor::Pass;
 use crate::mailbox::{SpawnError, ThreadActor};
 use crate::model::Model;
 use crate::profile::PhaseProfile;
-
-/// What a block hands back of its last token.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Emit {
-    /// Nothing (a prefill chunk).
-    Nothing,
-    /// Its logits.
-    Logits,
-    /// Only its greedy choice, read in place from the logits.
-    Greedy,
-}
 
 /// A request to the executor thread.
 enum Job {
