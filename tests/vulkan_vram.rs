@@ -61,26 +61,9 @@ fn run(dir: &Path, vault: &Path, vram: u64, extra: &[&str]) -> (Value, Vec<f32>)
 /// The token ids of the greedy run of [`run`] without `--logits-out`, as `serve` runs:
 /// each step hands back only its greedy choice, made on the device.
 fn greedy_ids(vault: &Path, vram: u64) -> Vec<u32> {
-    let (p, v) = (ids_arg(&prompt()), vram.to_string());
-    let args = [
-        "generate",
-        "--vault",
-        vault.to_str().unwrap(),
-        "--prompt-ids",
-        &p,
-        "--max-tokens",
-        "6",
-        "--ignore-eos",
-        "--json",
-        "--backend",
-        "vulkan",
-        "--chunk-size",
-        "4",
-        "--vram-bytes",
-        &v,
-    ];
-    let out: Value = serde_json::from_str(&run_ok(&args)).expect("generate --json prints JSON");
-    id_list(&out["token_ids"])
+    let v = vram.to_string();
+    let flags = ["--backend", "vulkan", "--chunk-size", "4", "--vram-bytes", &v];
+    id_list(&generate_json_no_logits(vault, &prompt(), 6, &flags)["token_ids"])
 }
 
 /// Checks the tier's counters against the claims of `out`'s run: every claim was a hit or

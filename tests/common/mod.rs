@@ -156,6 +156,14 @@ pub fn ids_arg(ids: &[u32]) -> String {
 /// Runs `generate --json` on `vault` with `prompt` for `n` tokens (EOS ignored),
 /// writing logits to `logits`; returns the parsed JSON.
 pub fn generate_json(vault: &Path, prompt: &[u32], n: usize, logits: &Path, extra: &[&str]) -> Value {
+    let mut flags = vec!["--logits-out", logits.to_str().unwrap()];
+    flags.extend_from_slice(extra);
+    generate_json_no_logits(vault, prompt, n, &flags)
+}
+
+/// [`generate_json`] keeping no logits (as `serve` runs: a greedy step then hands back
+/// only its greedy choice), unless `extra` asks for them.
+pub fn generate_json_no_logits(vault: &Path, prompt: &[u32], n: usize, extra: &[&str]) -> Value {
     let p = ids_arg(prompt);
     let n = n.to_string();
     let mut args = vec![
@@ -168,8 +176,6 @@ pub fn generate_json(vault: &Path, prompt: &[u32], n: usize, logits: &Path, extr
         &n,
         "--ignore-eos",
         "--json",
-        "--logits-out",
-        logits.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
     serde_json::from_str(&run_ok(&args)).expect("generate --json prints JSON")

@@ -53,9 +53,9 @@ pub struct VulkanBackend {
     io_logits: usize,
     /// Where in `io` the position of the block's first token goes (see [`Arena::pos`]).
     io_pos: usize,
-    /// Where in `io` the greedy choice comes back (one word, the index's bits), and the
-    /// set binding `io` for the kernel that writes it.
+    /// Where in `io` the greedy choice comes back (one word, the index's bits).
     io_greedy: usize,
+    /// The set binding `io` for the kernel that writes the greedy choice.
     greedy_set: Arc<DescriptorSet>,
     /// The recording in progress.
     rec: Option<Recorder>,
