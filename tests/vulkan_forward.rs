@@ -339,8 +339,8 @@ fn vulkan_staged_and_zero_copy_prefill_agree_bytewise() {
     }
 }
 
-/// The executor's greedy choice (`forward_greedy`, read in place from the logits it does
-/// not hand over) is the argmax of the logits `forward` hands over, token by token; a pass
+/// The executor's greedy choice (`forward_greedy`, made on the device without handing the
+/// logits over) is the argmax of the logits `forward` hands over, token by token; a pass
 /// asked for logits after greedy ones gets them whole.
 #[test]
 fn vulkan_greedy_choice_is_the_argmax_of_the_logits() {

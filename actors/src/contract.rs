@@ -386,7 +386,7 @@ pub trait ForwardPass: Send {
     ) -> Result<Option<&[f32]>, ForwardError>;
     /// Runs `tokens` like [`ForwardPass::forward`] and returns only the last token's
     /// greedy choice, [`crate::sampler::argmax`] of its logits, which a backend may find
-    /// without handing the logits over (the Vulkan executor reads them in place).
+    /// without handing the logits over (the Vulkan executor chooses on the device).
     fn forward_greedy(&mut self, kv: &mut Self::Kv, tokens: &[u32]) -> Result<u32, ForwardError> {
         let logits = self.forward(kv, tokens, true)?.unwrap_or(&[]);
         Ok(crate::sampler::argmax(logits) as u32)
