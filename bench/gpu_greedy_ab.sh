@@ -5,18 +5,24 @@
 # every expert, a 512-token prompt and 256 tokens, three interleaved runs per build, then
 # whether the two builds' token ids are identical.
 #
-#   bash bench/gpu_greedy_ab.sh NEW OLD
+#   [QUANTS="bf16 q4_k_m q8_0 ..."] bash bench/gpu_greedy_ab.sh NEW OLD
 #
-# NEW and OLD are release `smoe-pipeline` binaries (stripped is fine). The vaults go to
-# /tmp/q30 and /tmp/q30q (kept while the machine stays warm; the same as gpu_decode_ab.sh's).
+# NEW and OLD are release `smoe-pipeline` binaries (stripped is fine). QUANTS picks the
+# vaults (default bf16 and q4_k_m; any `synth --quant` value). They go to /tmp/q30 (bf16),
+# /tmp/q30q (q4_k_m) and /tmp/q30-QUANT (kept while the machine stays warm; the same as
+# gpu_decode_ab.sh's).
 set -euo pipefail
-[ $# -eq 2 ] || { sed -n 2,11p "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n 2,13p "$0" >&2; exit 2; }
 new=$(realpath "$1")
 old=$(realpath "$2")
 . "$(dirname "$0")/gpu_env.sh"
 gpu_env "$new"
-for v in q30 q30q; do
-  q=(); [ $v = q30q ] && q=(--quant q4_k_m)
+for quant in ${QUANTS:-bf16 q4_k_m}; do
+  case $quant in
+    bf16) v=q30 q=() ;;
+    q4_k_m) v=q30q q=(--quant q4_k_m) ;;
+    *) v=q30-$quant q=(--quant "$quant") ;;
+  esac
   resident_q30 "$new" $v --layers 3 "${q[@]}"
   flags+=(--json)
   for run in 1 2 3; do

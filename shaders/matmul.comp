@@ -147,8 +147,8 @@ void unpack(vec4 q, out float v[CHUNK]) {
 #define GU(code)
 #endif
 
-#if defined(K4) && !defined(EMBED)
-#include "k4_dot.glsl"
+#if defined(QUANT) && !defined(EMBED)
+#include "slice_dot.glsl"
 #endif
 
 // Accumulator (gate/up k, row r, token i); FOR_A visits every one as a.
@@ -225,7 +225,7 @@ void main() {
     uint wo = pc.w_off + delta;
     uint uo = pc.w2_off + delta;
     uint nch = pc.cols / CHUNK;
-#ifndef QUANT
+#ifndef SLICE_W
     bool wvec = pc.cols % CHUNK == 0u && wo % CHUNK == 0u && uo % CHUNK == 0u;
 #endif
     bool xvec = pc.x_off % 4u == 0u && pc.x_stride % 4u == 0u;
@@ -242,15 +242,14 @@ void main() {
         uint xb[TB];
 #define XB xb[i] = pc.x_off + x_row(p0 + min(t0 + i, n - 1u)) * pc.x_stride;
         FOR_I(XB)
-#ifdef K4
-        K4_DOT
+#ifdef SLICE_W
+        SLICE_DOT
 #else
         for (uint c0 = lane; c0 < nch; c0 += UNROLL * LANES) {
             // Load chunk c0 + v * LANES of every row (the last chunk again past the end,
             // unused) ...
             WVEC wq[MAX_UNROLL * MAX_RPT];
             GU(WVEC uq[MAX_UNROLL * MAX_RPT];)
-#ifndef QUANT
             if (wvec) {
 #define LOAD_VEC                                                                         \
     if (v < UNROLL && r < RPT) {                                                         \
@@ -259,9 +258,7 @@ void main() {
         GU(uq[v * MAX_RPT + r] = u4[(uo + wrow[r]) / CHUNK + c];)                        \
     }
                 FOR_V(FOR_R(LOAD_VEC))
-            } else
-#endif
-            {
+            } else {
 #define LOAD_ANY                                                                         \
     if (v < UNROLL && r < RPT) {                                                         \
         uint e = min(c0 + v * LANES, nch - 1u) * CHUNK;                                  \
@@ -307,8 +304,6 @@ void main() {
     GU(acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xq[q / 4u][q % 4u];)
             FOR_V(CHUNK_STEP)
         }
-#endif
-#ifndef QUANT
         if (lane == 0u) {
             for (uint e = nch * CHUNK; e < pc.cols; e++) {
 #define TAIL_ROW                                                                         \

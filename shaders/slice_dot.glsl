@@ -1,0 +1,262 @@
+// The dot products of matmul.comp for the block formats it multiplies a *slice* at a
+// time instead of quant.glsl's chunks of 8 (which cost several loads, the block header's
+// decode and three float operations per weight, about 11% of the H200's HBM bandwidth at
+// m=1), included by it after quant.glsl:
+//   K4 (Q4_K, Q5_K)  slices of 32 weights, ggml's factored form y = (d·sc)·q − (dmin·m);
+//   Q6_K             slices of 64 weights, y = (d·sc)·(q − 32).
+// A slice is NG groups of 16 weights: group g is elements e0 + 32g .. e0 + 32g + 15 of the
+// row, all under one scale (and min). Lane l takes slices l, l + LANES, ...; it loads a
+// slice's quant bytes 16 at a time and decodes its block's scales once per slice, then
+// for each group g in order and each token:
+//   S    = q_0·x_0 + ... + q_15·x_15   one fma each, in order, from 0 (q an exact integer:
+//                                      the K4 nibble, or Q6_K's quant minus 32)
+//   K4:   X = x_0 + ... + x_15          in order, from 0
+//         term = (d·sc)·S − (dmin·m)·X
+//   Q6_K: term = (d·sc)·S
+//   acc  = acc + term
+// with d·sc and dmin·m as ggml forms them (quant.glsl). This is the summation order of
+// the slice kernels (common.glsl describes the other types'); it does not depend on the
+// number of tokens, rows per lane group or unroll, so the m=1 and batched kernels give
+// the same bytes. With one input 1 and the rest 0 a result is ggml's dequantised weight
+// exactly, as the CPU computes it.
+//
+// Each format below defines: SLICE_W (weights per slice), FOR_G (its groups), SLICE_AT
+// (slice s's block byte offset boff, first element e0 and format values), SLICE_LOAD_M
+// (one row's quant words into sq[a][0..2] and its group scales into sf[a]),
+// GROUP_QUANTS (group g's 16 quants as floats) and GROUP_TERM (the term from sdot and,
+// for K4, xs).
+
+layout(set = 0, binding = 0) readonly buffer W4 { uvec4 w4[]; };
+#ifdef GATE_UP
+layout(set = 0, binding = 1) readonly buffer U4 { uvec4 u4[]; };
+#endif
+
+// The 16 bytes at byte offset o (a multiple of 4) of B: one vector load where every
+// offset of the dispatch is a multiple of 16 (`vec`), else four word loads.
+#define LD16(B, B4, o, vec)                                                               \
+    ((vec) ? B4[(o) >> 4] : uvec4(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 2u],    \
+                                  B[((o) >> 2) + 3u]))
+
+// The 16 bytes at even byte offset o of word buffer B: four words, or where o is 2 past a
+// multiple of 4 the halves of five (the fifth index repeats the fourth otherwise, so no
+// word past the 16 bytes is read).
+uvec4 ld16_pick(uint a0, uint a1, uint a2, uint a3, uint a4, uint o) {
+    bool odd = (o & 2u) != 0u;
+    return odd ? uvec4((a0 >> 16) | (a1 << 16), (a1 >> 16) | (a2 << 16), (a2 >> 16) | (a3 << 16),
+                       (a3 >> 16) | (a4 << 16))
+               : uvec4(a0, a1, a2, a3);
+}
+#define LD16E(B, o)                                                                       \
+    ld16_pick(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 2u], B[((o) >> 2) + 3u],     \
+              B[((o) >> 2) + 3u + (((o) >> 1) & 1u)], (o))
+// The 8 bytes at even byte offset o of word buffer B, likewise from two or three words.
+uvec2 ld8_pick(uint a0, uint a1, uint a2, uint o) {
+    return (o & 2u) != 0u ? uvec2((a0 >> 16) | (a1 << 16), (a1 >> 16) | (a2 << 16)) : uvec2(a0, a1);
+}
+#define LD8E(B, o) ld8_pick(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 1u + (((o) >> 1) & 1u)], (o))
+// The f16 bits at even byte offset o of word buffer B.
+#define LD2E(B, o) ((B[(o) >> 2] >> (8u * ((o) & 2u))) & 0xFFFFu)
+
+#if defined(K4)
+#define SLICE_W 32u
+#define FOR_G(B) FOR2(g, B) // the low (0) and high (1) nibbles of the slice's bytes
+#define NEED_XS
+#ifdef Q5_K
+#define K5(code) code
+// Bit j of each qh byte of word x, as 16 above the nibble.
+#define HIGH5(x, j) ((((x) >> (j)) & 0x01010101u) << 4)
+#else
+#define K5(code)
+#define HIGH5(x, j) 0u
+#endif
+
+// (d·sc_jl, dmin·m_jl, d·sc_jl+1, dmin·m_jl+1) of a block from its first 16 bytes h.
+vec4 k4_scales(uvec4 h, uint jl) {
+    float d = f16_to_f32(h.x & 0xFFFFu);
+    float dmin = f16_to_f32(h.x >> 16);
+    return vec4(k4_products(d, dmin, k4_scale_min(h.y, h.z, h.w, jl)),
+                k4_products(d, dmin, k4_scale_min(h.y, h.z, h.w, jl + 1u)));
+}
+
+// The 16 quants of group hf (0: low nibbles, sub-block j; 1: high nibbles, sub-block j)
+// of a slice's quant words q (Q5_K: and its qh words h), as exact floats.
+void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
+#define K4_WORD                                                                           \
+    {                                                                                     \
+        uint n4 = ((q[wd] >> (4u * hf)) & 0x0F0F0F0Fu) | HIGH5(h[wd], j);                 \
+        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 0); v[4u * wd + b] = f;) \
+    }
+    FOR4(wd, K4_WORD)
+}
+
+// Slice s is the 16 quant bytes qs[16t .. 16t + 15] of block s / 8 (t = s % 8). Their
+// low nibbles are the 16 elements 64(t / 2) + 16(t % 2) + 0..15 of the block (sub-block
+// jl = 2(t / 2)), their high nibbles the 16 elements 32 further (sub-block jl + 1); Q5_K
+// adds 16 where bit jl (jl + 1) of qh[16(t % 2) + n] is set.
+#define SLICE_AT                                                                          \
+    uint t = s % 8u;                                                                      \
+    uint boff = (s / 8u) * QB;                                                            \
+    uint e0 = (s / 8u) * QK + 64u * (t / 2u) + 16u * (t % 2u);                            \
+    uint jl = 2u * (t / 2u);
+#define SLICE_LOAD_M(B, B4, base, a)                                                      \
+    {                                                                                     \
+        uint blk = (base) + wrow[r] + boff;                                               \
+        sq[a][0] = LD16(B, B4, blk + QS_AT + 16u * t, vec16);                             \
+        K5(sq[a][1] = LD16(B, B4, blk + 16u + 16u * (t % 2u), vec16);)                    \
+        sf[a] = k4_scales(LD16(B, B4, blk, vec16), jl);                                   \
+    }
+#define GROUP_E(g) (32u * (g))
+#define GROUP_QUANTS(a, g, qf) k4_quants(sq[a][0], sq[a][1], jl + (g), (g), qf)
+#define GROUP_TERM(a, g) sf[a][2u * (g)] * sdot - sf[a][2u * (g) + 1u] * xs
+
+#elif defined(Q6_K)
+#define SLICE_W 64u
+#define FOR_G(B) FOR4(g, B) // ggml's four 32-element groups of a block half
+// d·sc of the slice's four groups from d's bits and the 8 scale bytes of its block half
+// (group g's i8 scale is byte 2g + h of them), as dequantize_row_q6_K forms them.
+vec4 q6_scales(uint dbits, uvec2 sc8, uint h) {
+    float d = f16_to_f32(dbits);
+    vec4 ds;
+#define Q6_SCALE                                                                          \
+    {                                                                                     \
+        uint sb = (sc8[g / 2u] >> (8u * (2u * (g % 2u) + h))) & 0xFFu;                    \
+        precise float p = d * QFLOAT(sb ^ 0x80u, 128);                                    \
+        ds[g] = p;                                                                        \
+    }
+    FOR4(g, Q6_SCALE)
+    return ds;
+}
+
+// The 16 quants minus 32 of group g of a slice as exact floats, from its low-nibble
+// words l (ql bytes of groups 0 and 2, or 1 and 3) and high-bit words h (qh bytes, bits
+// 2g and 2g + 1).
+void q6_quants(uvec4 l, uvec4 h, uint g, out float v[16]) {
+#define Q6_WORD                                                                           \
+    {                                                                                     \
+        uint n4 = ((l[wd] >> (4u * (g / 2u))) & 0x0F0F0F0Fu) | (((h[wd] >> (2u * g)) & 0x03030303u) << 4); \
+        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 32); v[4u * wd + b] = f;) \
+    }
+    FOR4(wd, Q6_WORD)
+}
+
+// Slice s is half n = (s % 4) / 2 of block s / 4, lanes l = 16h .. 16h + 15 (h = s % 2)
+// of ggml's loop: group g is elements 128n + 32g + l of the block, the low (g < 2) or
+// high nibble of ql[64n + 32(g % 2) + l] with bits 2g, 2g + 1 of qh[32n + l] above it,
+// and scale scales[8n + 2g + h].
+#define SLICE_AT                                                                          \
+    uint boff = (s / 4u) * QB;                                                            \
+    uint hn = (s % 4u) / 2u, h = s % 2u;                                                  \
+    uint e0 = (s / 4u) * QK + 128u * hn + 16u * h;
+#define SLICE_LOAD_M(B, B4, base, a)                                                      \
+    {                                                                                     \
+        uint blk = (base) + wrow[r] + boff;                                               \
+        uint ql = blk + 64u * hn + 16u * h;                                               \
+        sq[a][0] = LD16E(B, ql);                                                          \
+        sq[a][1] = LD16E(B, ql + 32u);                                                    \
+        sq[a][2] = LD16E(B, blk + 128u + 32u * hn + 16u * h);                             \
+        sf[a] = q6_scales(LD2E(B, blk + 208u), LD8E(B, blk + 192u + 8u * hn), h);         \
+    }
+#define GROUP_E(g) (32u * (g))
+#define GROUP_QUANTS(a, g, qf) q6_quants(sq[a][(g) % 2u], sq[a][2], (g), qf)
+#define GROUP_TERM(a, g) sf[a][g] * sdot
+#elif defined(Q8_0) || defined(Q4_0)
+#define SLICE_W 32u
+#define FOR_G(B) FOR2(g, B)
+// The 32 quants of group g as exact floats: Q8_0's i8 bytes qs[16g .. 16g + 15] (stored
+// offset by 128 through the xor), or Q4_0's low (g = 0) or high (g = 1) nibbles of
+// qs[0 .. 15], minus 8.
+void b32_quants(uvec4 q, uint g, out float v[16]) {
+#ifdef Q8_0
+#define B32_WORD                                                                          \
+    {                                                                                     \
+        uint n4 = q[wd] ^ 0x80808080u;                                                    \
+        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 128); v[4u * wd + b] = f;) \
+    }
+#else
+#define B32_WORD                                                                          \
+    {                                                                                     \
+        uint n4 = (q[wd] >> (4u * g)) & 0x0F0F0F0Fu;                                      \
+        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 8); v[4u * wd + b] = f;) \
+    }
+#endif
+    FOR4(wd, B32_WORD)
+}
+
+// Slice s is block s: its f16 d, then (Q8_0) 32 i8 quants, element j in byte j, or
+// (Q4_0) 16 bytes, element j < 16 the low nibble of byte j and j + 16 its high nibble.
+// Group g is elements 16g .. 16g + 15 of the block.
+#define SLICE_AT                                                                          \
+    uint boff = s * QB;                                                                   \
+    uint e0 = s * QK;
+#ifdef Q8_0
+#define B32_LOAD(B, blk, a)                                                               \
+    sq[a][0] = LD16E(B, (blk) + 2u);                                                      \
+    sq[a][1] = LD16E(B, (blk) + 18u);
+#define GROUP_QUANTS(a, g, qf) b32_quants(sq[a][g], (g), qf)
+#else
+#define B32_LOAD(B, blk, a) sq[a][0] = LD16E(B, (blk) + 2u);
+#define GROUP_QUANTS(a, g, qf) b32_quants(sq[a][0], (g), qf)
+#endif
+#define SLICE_LOAD_M(B, B4, base, a)                                                      \
+    {                                                                                     \
+        uint blk = (base) + wrow[r] + boff;                                               \
+        B32_LOAD(B, blk, a)                                                               \
+        sf[a] = vec4(f16_to_f32(LD2E(B, blk)));                                           \
+    }
+#define GROUP_E(g) (16u * (g))
+#define GROUP_TERM(a, g) sf[a][0] * sdot
+#else
+#error slice_dot.glsl needs Q8_0, Q4_0, Q4_K, Q5_K or Q6_K
+#endif
+
+#ifdef NEED_XS
+#define XS(code) code
+#else
+#define XS(code)
+#endif
+
+// The slice loop of matmul.comp's main (its wo, uo, wrow, xb, xvec and acc).
+#define SLICE_DOT                                                                         \
+    bool vec16 = wo % 16u == 0u && uo % 16u == 0u;                                        \
+    for (uint s = lane; s < pc.cols / SLICE_W; s += LANES) {                              \
+        SLICE_AT                                                                          \
+        uvec4 sq[MAX_RPT * NACC][3];                                                      \
+        vec4 sf[MAX_RPT * NACC];                                                          \
+        FOR_R(SLICE_LOAD)                                                                 \
+        FOR_G(SLICE_GROUP)                                                                \
+    }
+#define SLICE_LOAD                                                                        \
+    if (r < RPT) {                                                                        \
+        SLICE_LOAD_M(w, w4, wo, r * NACC)                                                 \
+        GU(SLICE_LOAD_M(u, u4, uo, r * NACC + 1u))                                        \
+    }
+// One group of the slice: its quants as floats, then every token.
+#define SLICE_GROUP                                                                       \
+    {                                                                                     \
+        float qf[MAX_RPT * NACC][16];                                                     \
+        FOR_R(FOR_K(SLICE_QUANTS))                                                        \
+        uint e = e0 + GROUP_E(g);                                                         \
+        FOR_I(SLICE_TOKEN)                                                                \
+    }
+#define SLICE_QUANTS                                                                      \
+    if (r < RPT) {                                                                        \
+        GROUP_QUANTS(r * NACC + k, g, qf[r * NACC + k]);                                  \
+    }
+// Token i's 16 inputs of the group (K4: and their sum X), then S and the term of every
+// row.
+#define SLICE_TOKEN                                                                       \
+    vec4 xq[4];                                                                           \
+    if (xvec) {                                                                           \
+        FOR4(c, xq[c] = act4[((xb[i] + e) >> 2) + c];)                                    \
+    } else {                                                                              \
+        FOR4(c, FOR4(b, xq[c][b] = ACT(xb[i] + e + 4u * c + b);))                         \
+    }                                                                                     \
+    XS(precise float xs = 0.0; FOR4(c, FOR4(b, xs = xs + xq[c][b];)))                     \
+    FOR_R(FOR_K(SLICE_TERM))
+#define SLICE_TERM                                                                        \
+    if (r < RPT) {                                                                        \
+        precise float sdot = 0.0;                                                         \
+        FOR4(c, FOR4(b, sdot = fma(qf[r * NACC + k][4u * c + b], xq[c][b], sdot);))       \
+        precise float term = GROUP_TERM(r * NACC + k, g);                                 \
+        acc[ACC(k, r, i)] = acc[ACC(k, r, i)] + term;                                     \
+    }
