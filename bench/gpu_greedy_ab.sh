@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Resident greedy decode of two builds on a lent GPU (the `device` tool), as `serve` runs it
+# Resident greedy decode (and the 512-token prefill before it) of two builds on a lent GPU (the `device` tool), as `serve` runs it
 # (no logits kept: each token's greedy choice comes from the executor), A/B in one run:
 # 3-layer `synth --preset qwen3-30b-a3b` vaults in bf16 and Q4_K_M, the VRAM tier holding
 # every expert, a 512-token prompt and 256 tokens, three interleaved runs per build, then
@@ -29,7 +29,7 @@ for quant in ${QUANTS:-bf16 q4_k_m}; do
     for b in old new; do
       bin=$old; [ $b = new ] && bin=$new
       "$bin" generate "${flags[@]}" >"/tmp/$v-$b.json" 2>"/tmp/$v-$b.err" || { tail -3 "/tmp/$v-$b.err" >&2; exit 1; }
-      python3 -c "import json; s=json.load(open('/tmp/$v-$b.json'))['stats']; print('$v $b run $run: decode', round(s['decode_tok_s'], 1), 'tok/s')"
+      python3 -c "import json; s=json.load(open('/tmp/$v-$b.json'))['stats']; print('$v $b run $run: decode', round(s['decode_tok_s'], 1), 'tok/s, prefill', round(s['prefill_tok_s']), 'tok/s')"
     done
   done
   python3 -c "

@@ -147,7 +147,7 @@ void unpack(vec4 q, out float v[CHUNK]) {
 #define GU(code)
 #endif
 
-#if defined(QUANT) && !defined(EMBED)
+#if (defined(K4) || defined(Q6_K)) && !defined(EMBED)
 #include "slice_dot.glsl"
 #endif
 
@@ -225,7 +225,7 @@ void main() {
     uint wo = pc.w_off + delta;
     uint uo = pc.w2_off + delta;
     uint nch = pc.cols / CHUNK;
-#ifndef SLICE_W
+#ifndef QUANT
     bool wvec = pc.cols % CHUNK == 0u && wo % CHUNK == 0u && uo % CHUNK == 0u;
 #endif
     bool xvec = pc.x_off % 4u == 0u && pc.x_stride % 4u == 0u;
@@ -250,6 +250,7 @@ void main() {
             // unused) ...
             WVEC wq[MAX_UNROLL * MAX_RPT];
             GU(WVEC uq[MAX_UNROLL * MAX_RPT];)
+#ifndef QUANT
             if (wvec) {
 #define LOAD_VEC                                                                         \
     if (v < UNROLL && r < RPT) {                                                         \
@@ -258,7 +259,9 @@ void main() {
         GU(uq[v * MAX_RPT + r] = u4[(uo + wrow[r]) / CHUNK + c];)                        \
     }
                 FOR_V(FOR_R(LOAD_VEC))
-            } else {
+            } else
+#endif
+            {
 #define LOAD_ANY                                                                         \
     if (v < UNROLL && r < RPT) {                                                         \
         uint e = min(c0 + v * LANES, nch - 1u) * CHUNK;                                  \
@@ -304,6 +307,8 @@ void main() {
     GU(acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xq[q / 4u][q % 4u];)
             FOR_V(CHUNK_STEP)
         }
+#endif
+#ifndef QUANT
         if (lane == 0u) {
             for (uint e = nch * CHUNK; e < pc.cols; e++) {
 #define TAIL_ROW                                                                         \

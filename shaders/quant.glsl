@@ -2,10 +2,11 @@
 // ggml-common.h lays them out (little-endian, bytes unchanged from a GGUF), and a chunk of
 // CHUNK = 8 consecutive elements is dequantised from its block as ggml's
 // dequantize_row_* does, with the same f32 operations in the same order and every one of
-// them `precise` — so each weight is bitwise actors/src/cpu/quant.rs's. The embedding
-// lookup (EMBED) widens rows by these chunks; the products multiply a slice at a time
-// (slice_dot.glsl) with the scale products and integer-to-float steps defined here.
-// Define exactly one of Q8_0, Q4_0, Q4_K, Q5_K, Q6_K before including.
+// them `precise` — so each weight is bitwise actors/src/cpu/quant.rs's. Q8_0 and Q4_0
+// products and every embedding lookup (EMBED) use these chunks; Q4_K, Q5_K and Q6_K
+// products multiply a slice at a time instead (slice_dot.glsl), with the scale products
+// and integer-to-float steps defined here. Define exactly one of Q8_0, Q4_0, Q4_K, Q5_K,
+// Q6_K before including.
 //
 // Weight units are bytes (UNIT_BYTES = 1): a row starts ROW_UNITS = (cols / QK) * QB bytes
 // after the previous one, and pc.w_off, pc.w2_off and the expert table's offsets are

@@ -1,7 +1,7 @@
 // The dot products of matmul.comp for the block formats it multiplies a *slice* at a
 // time instead of quant.glsl's chunks of 8 (which cost several loads, the block header's
-// decode and three float operations per weight, about 11% of the H200's HBM bandwidth at
-// m=1), included by it after quant.glsl:
+// decode and three float operations per weight: the m=1 kernels ran at 10-17% of the
+// H200's HBM bandwidth), included by it after quant.glsl:
 //   K4 (Q4_K, Q5_K)  slices of 32 weights, ggml's factored form y = (d·sc)·q − (dmin·m);
 //   Q6_K             slices of 64 weights, y = (d·sc)·(q − 32).
 // A slice is NG groups of 16 weights: group g is elements e0 + 32g .. e0 + 32g + 15 of the
@@ -57,6 +57,27 @@ uvec2 ld8_pick(uint a0, uint a1, uint a2, uint o) {
 // The f16 bits at even byte offset o of word buffer B.
 #define LD2E(B, o) ((B[(o) >> 2] >> (8u * ((o) & 2u))) & 0xFFFFu)
 
+// Byte values of a quant word as exact floats: the value v (below m + 1) at bit p of n
+// (m << p below 2^23) minus bias, through the bits of 2^(23 − p) + v — v masked in place
+// into the mantissa under the exponent 23 − p, so no shift — minus 2^(23 − p) + bias.
+// Both are integers below 2^24 and so is their difference: the result is exact, the
+// value quant.glsl's QFLOAT gives with a shift per byte.
+float byte_float(uint n, uint p, uint m, float bias) {
+    precise float f = uintBitsToFloat((n & (m << p)) | ((150u - p) << 23)) - (float(1u << (23u - p)) + bias);
+    return f;
+}
+// The four values at bits p0, p0 + 8, p0 + 16 and p0 + 24 of word n (each below m + 1,
+// p0 < 8), as exact floats minus bias, into v[o .. o + 3]: the upper two from n >> 16.
+#define BYTE_FLOATS(n, p0, m, bias, v, o)                                                 \
+    {                                                                                     \
+        uint n_ = (n);                                                                    \
+        uint hi_ = n_ >> 16;                                                              \
+        v[(o)] = byte_float(n_, (p0), (m), (bias));                                       \
+        v[(o) + 1u] = byte_float(n_, (p0) + 8u, (m), (bias));                             \
+        v[(o) + 2u] = byte_float(hi_, (p0), (m), (bias));                                 \
+        v[(o) + 3u] = byte_float(hi_, (p0) + 8u, (m), (bias));                            \
+    }
+
 #if defined(K4)
 #define SLICE_W 32u
 #define FOR_G(B) FOR2(g, B) // the low (0) and high (1) nibbles of the slice's bytes
@@ -81,11 +102,11 @@ vec4 k4_scales(uvec4 h, uint jl) {
 // The 16 quants of group hf (0: low nibbles, sub-block j; 1: high nibbles, sub-block j)
 // of a slice's quant words q (Q5_K: and its qh words h), as exact floats.
 void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
-#define K4_WORD                                                                           \
-    {                                                                                     \
-        uint n4 = ((q[wd] >> (4u * hf)) & 0x0F0F0F0Fu) | HIGH5(h[wd], j);                 \
-        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 0); v[4u * wd + b] = f;) \
-    }
+#ifdef Q5_K
+#define K4_WORD BYTE_FLOATS(((q[wd] >> (4u * hf)) & 0x0F0F0F0Fu) | HIGH5(h[wd], j), 0u, 0x1Fu, 0.0, v, 4u * wd)
+#else
+#define K4_WORD BYTE_FLOATS(q[wd], 4u * hf, 0xFu, 0.0, v, 4u * wd)
+#endif
     FOR4(wd, K4_WORD)
 }
 
@@ -132,10 +153,8 @@ vec4 q6_scales(uint dbits, uvec2 sc8, uint h) {
 // 2g and 2g + 1).
 void q6_quants(uvec4 l, uvec4 h, uint g, out float v[16]) {
 #define Q6_WORD                                                                           \
-    {                                                                                     \
-        uint n4 = ((l[wd] >> (4u * (g / 2u))) & 0x0F0F0F0Fu) | (((h[wd] >> (2u * g)) & 0x03030303u) << 4); \
-        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 32); v[4u * wd + b] = f;) \
-    }
+    BYTE_FLOATS(((l[wd] >> (4u * (g / 2u))) & 0x0F0F0F0Fu) | (((h[wd] >> (2u * g)) & 0x03030303u) << 4), \
+                0u, 0x3Fu, 32.0, v, 4u * wd)
     FOR4(wd, Q6_WORD)
 }
 
@@ -145,7 +164,8 @@ void q6_quants(uvec4 l, uvec4 h, uint g, out float v[16]) {
 // and scale scales[8n + 2g + h].
 #define SLICE_AT                                                                          \
     uint boff = (s / 4u) * QB;                                                            \
-    uint hn = (s % 4u) / 2u, h = s % 2u;                                                  \
+    uint hn = (s % 4u) / 2u;                                                              \
+    uint h = s % 2u;                                                                      \
     uint e0 = (s / 4u) * QK + 128u * hn + 16u * h;
 #define SLICE_LOAD_M(B, B4, base, a)                                                      \
     {                                                                                     \
@@ -159,54 +179,8 @@ void q6_quants(uvec4 l, uvec4 h, uint g, out float v[16]) {
 #define GROUP_E(g) (32u * (g))
 #define GROUP_QUANTS(a, g, qf) q6_quants(sq[a][(g) % 2u], sq[a][2], (g), qf)
 #define GROUP_TERM(a, g) sf[a][g] * sdot
-#elif defined(Q8_0) || defined(Q4_0)
-#define SLICE_W 32u
-#define FOR_G(B) FOR2(g, B)
-// The 32 quants of group g as exact floats: Q8_0's i8 bytes qs[16g .. 16g + 15] (stored
-// offset by 128 through the xor), or Q4_0's low (g = 0) or high (g = 1) nibbles of
-// qs[0 .. 15], minus 8.
-void b32_quants(uvec4 q, uint g, out float v[16]) {
-#ifdef Q8_0
-#define B32_WORD                                                                          \
-    {                                                                                     \
-        uint n4 = q[wd] ^ 0x80808080u;                                                    \
-        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 128); v[4u * wd + b] = f;) \
-    }
 #else
-#define B32_WORD                                                                          \
-    {                                                                                     \
-        uint n4 = (q[wd] >> (4u * g)) & 0x0F0F0F0Fu;                                      \
-        FOR4(b, precise float f = QFLOAT((n4 >> (8u * b)) & 0xFFu, 8); v[4u * wd + b] = f;) \
-    }
-#endif
-    FOR4(wd, B32_WORD)
-}
-
-// Slice s is block s: its f16 d, then (Q8_0) 32 i8 quants, element j in byte j, or
-// (Q4_0) 16 bytes, element j < 16 the low nibble of byte j and j + 16 its high nibble.
-// Group g is elements 16g .. 16g + 15 of the block.
-#define SLICE_AT                                                                          \
-    uint boff = s * QB;                                                                   \
-    uint e0 = s * QK;
-#ifdef Q8_0
-#define B32_LOAD(B, blk, a)                                                               \
-    sq[a][0] = LD16E(B, (blk) + 2u);                                                      \
-    sq[a][1] = LD16E(B, (blk) + 18u);
-#define GROUP_QUANTS(a, g, qf) b32_quants(sq[a][g], (g), qf)
-#else
-#define B32_LOAD(B, blk, a) sq[a][0] = LD16E(B, (blk) + 2u);
-#define GROUP_QUANTS(a, g, qf) b32_quants(sq[a][0], (g), qf)
-#endif
-#define SLICE_LOAD_M(B, B4, base, a)                                                      \
-    {                                                                                     \
-        uint blk = (base) + wrow[r] + boff;                                               \
-        B32_LOAD(B, blk, a)                                                               \
-        sf[a] = vec4(f16_to_f32(LD2E(B, blk)));                                           \
-    }
-#define GROUP_E(g) (16u * (g))
-#define GROUP_TERM(a, g) sf[a][0] * sdot
-#else
-#error slice_dot.glsl needs Q8_0, Q4_0, Q4_K, Q5_K or Q6_K
+#error slice_dot.glsl needs Q4_K, Q5_K or Q6_K
 #endif
 
 #ifdef NEED_XS
