@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Resident greedy decode (and the 512-token prefill before it) of two builds on a lent GPU (the `device` tool), as `serve` runs it
-# (no logits kept: each token's greedy choice comes from the executor), A/B in one run:
+# Resident greedy decode (and the 512-token prefill before it) of two builds on a lent GPU
+# (the `device` tool), as `serve` runs it (no logits kept: each token's greedy choice comes
+# from the executor), A/B in one run:
 # 3-layer `synth --preset qwen3-30b-a3b` vaults in bf16 and Q4_K_M, the VRAM tier holding
 # every expert, a 512-token prompt and 256 tokens, three interleaved runs per build, then
 # whether the two builds' token ids are identical.
@@ -12,7 +13,7 @@
 # /tmp/q30q (q4_k_m) and /tmp/q30-QUANT (kept while the machine stays warm; the same as
 # gpu_decode_ab.sh's).
 set -euo pipefail
-[ $# -eq 2 ] || { sed -n 2,13p "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n 2,14p "$0" >&2; exit 2; }
 new=$(realpath "$1")
 old=$(realpath "$2")
 . "$(dirname "$0")/gpu_env.sh"

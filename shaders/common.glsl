@@ -11,8 +11,8 @@
 // multiply-adds nor reorder. The order depends only on the shapes, never on the number
 // of tokens or experts in the dispatch, so the batched kernels give the same bytes as
 // the m=1 kernels.
-// The K4 block formats (Q4_K, Q5_K) and Q6_K sum 32- or 64-weight slices instead of
-// chunks, in the order slice_dot.glsl's header gives; the cross-lane tree is this one.
+// The K4 block formats (Q4_K, Q5_K) and Q6_K sum 32-weight slices instead of chunks, in
+// the order slice_dot.glsl's header gives; the cross-lane tree is this one.
 
 #define WG_SIZE 256u
 

@@ -3,11 +3,11 @@
 // decode and three float operations per weight: the m=1 kernels ran at 10-17% of the
 // H200's HBM bandwidth), included by it after quant.glsl:
 //   K4 (Q4_K, Q5_K)  slices of 32 weights, ggml's factored form y = (d·sc)·q − (dmin·m);
-//   Q6_K             slices of 64 weights, y = (d·sc)·(q − 32).
-// A slice is NG groups of 16 weights: group g is elements e0 + 32g .. e0 + 32g + 15 of the
-// row, all under one scale (and min). Lane l takes slices l, l + LANES, ...; it loads a
-// slice's quant bytes 16 at a time and decodes its block's scales once per slice, then
-// for each group g in order and each token:
+//   Q6_K             slices of 32 weights, y = (d·sc)·(q − 32).
+// A slice is two groups of 16 weights, each under one scale (and min): group g is
+// elements e0 + GROUP_E(g) .. e0 + GROUP_E(g) + 15 of the row. Lane l takes slices l,
+// l + LANES, ...; it loads a slice's quant bytes 16 at a time and decodes its block's
+// scales once per slice, then for each group g in order and each token:
 //   S    = q_0·x_0 + ... + q_15·x_15   one fma each, in order, from 0 (q an exact integer:
 //                                      the K4 nibble, or Q6_K's quant minus 32)
 //   K4:   X = x_0 + ... + x_15          in order, from 0
@@ -22,9 +22,9 @@
 //
 // Each format below defines: SLICE_W (weights per slice), FOR_G (its groups), SLICE_AT
 // (slice s's block byte offset boff, first element e0 and format values), SLICE_LOAD_M
-// (one row's quant words into sq[a][0..2] and its group scales into sf[a]),
-// GROUP_QUANTS (group g's 16 quants as floats) and GROUP_TERM (the term from sdot and,
-// for K4, xs).
+// (one row's quant words into sq[a][0..1] and its group scales into sf[a]), GROUP_E
+// (group g's first element after e0), GROUP_QUANTS (group g's 16 quants as floats) and
+// GROUP_TERM (the term from sdot and, for K4, xs).
 
 layout(set = 0, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 #ifdef GATE_UP
@@ -36,26 +36,6 @@ layout(set = 0, binding = 1) readonly buffer U4 { uvec4 u4[]; };
 #define LD16(B, B4, o, vec)                                                               \
     ((vec) ? B4[(o) >> 4] : uvec4(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 2u],    \
                                   B[((o) >> 2) + 3u]))
-
-// The 16 bytes at even byte offset o of word buffer B: four words, or where o is 2 past a
-// multiple of 4 the halves of five (the fifth index repeats the fourth otherwise, so no
-// word past the 16 bytes is read).
-uvec4 ld16_pick(uint a0, uint a1, uint a2, uint a3, uint a4, uint o) {
-    bool odd = (o & 2u) != 0u;
-    return odd ? uvec4((a0 >> 16) | (a1 << 16), (a1 >> 16) | (a2 << 16), (a2 >> 16) | (a3 << 16),
-                       (a3 >> 16) | (a4 << 16))
-               : uvec4(a0, a1, a2, a3);
-}
-#define LD16E(B, o)                                                                       \
-    ld16_pick(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 2u], B[((o) >> 2) + 3u],     \
-              B[((o) >> 2) + 3u + (((o) >> 1) & 1u)], (o))
-// The 8 bytes at even byte offset o of word buffer B, likewise from two or three words.
-uvec2 ld8_pick(uint a0, uint a1, uint a2, uint o) {
-    return (o & 2u) != 0u ? uvec2((a0 >> 16) | (a1 << 16), (a1 >> 16) | (a2 << 16)) : uvec2(a0, a1);
-}
-#define LD8E(B, o) ld8_pick(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 1u + (((o) >> 1) & 1u)], (o))
-// The f16 bits at even byte offset o of word buffer B.
-#define LD2E(B, o) ((B[(o) >> 2] >> (8u * ((o) & 2u))) & 0xFFFFu)
 
 // Byte values of a quant word as exact floats: the value v (below m + 1) at bit p of n
 // (m << p below 2^23) minus bias, through the bits of 2^(23 − p) + v — v masked in place
@@ -131,53 +111,75 @@ void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
 #define GROUP_TERM(a, g) sf[a][2u * (g)] * sdot - sf[a][2u * (g) + 1u] * xs
 
 #elif defined(Q6_K)
-#define SLICE_W 64u
-#define FOR_G(B) FOR4(g, B) // ggml's four 32-element groups of a block half
-// d·sc of the slice's four groups from d's bits and the 8 scale bytes of its block half
-// (group g's i8 scale is byte 2g + h of them), as dequantize_row_q6_K forms them.
-vec4 q6_scales(uint dbits, uvec2 sc8, uint h) {
+#define SLICE_W 32u
+#define FOR_G(B) FOR2(g, B) // ggml's groups gp and gp + 2 of the slice (below)
+// The 16 bytes at even byte offset o of word buffer B: four words, or where o is 2 past a
+// multiple of 4 the halves of five (the fifth index repeats the fourth otherwise, so no
+// word past the one holding the last byte is read).
+uvec4 ld16_pick(uint a0, uint a1, uint a2, uint a3, uint a4, uint o) {
+    bool odd = (o & 2u) != 0u;
+    return odd ? uvec4((a0 >> 16) | (a1 << 16), (a1 >> 16) | (a2 << 16), (a2 >> 16) | (a3 << 16),
+                       (a3 >> 16) | (a4 << 16))
+               : uvec4(a0, a1, a2, a3);
+}
+#define LD16E(B, o)                                                                       \
+    ld16_pick(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 2u], B[((o) >> 2) + 3u],     \
+              B[((o) >> 2) + 3u + (((o) >> 1) & 1u)], (o))
+// The 8 bytes at even byte offset o of word buffer B, likewise from two or three words.
+uvec2 ld8_pick(uint a0, uint a1, uint a2, uint o) {
+    return (o & 2u) != 0u ? uvec2((a0 >> 16) | (a1 << 16), (a1 >> 16) | (a2 << 16)) : uvec2(a0, a1);
+}
+#define LD8E(B, o) ld8_pick(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 1u + (((o) >> 1) & 1u)], (o))
+// The f16 bits at even byte offset o of word buffer B.
+#define LD2E(B, o) ((B[(o) >> 2] >> (8u * ((o) & 2u))) & 0xFFFFu)
+
+// d·sc of the slice's two groups from d's bits and the 8 scale bytes of its block half
+// (the groups' i8 scales are bytes b and b + 4 of them), as dequantize_row_q6_K forms
+// them; in .x and .y.
+vec4 q6_scales(uint dbits, uvec2 sc8, uint b) {
     float d = f16_to_f32(dbits);
-    vec4 ds;
+    vec4 ds = vec4(0.0);
 #define Q6_SCALE                                                                          \
     {                                                                                     \
-        uint sb = (sc8[g / 2u] >> (8u * (2u * (g % 2u) + h))) & 0xFFu;                    \
+        uint sb = (sc8[g] >> (8u * b)) & 0xFFu;                                           \
         precise float p = d * QFLOAT(sb ^ 0x80u, 128);                                    \
         ds[g] = p;                                                                        \
     }
-    FOR4(g, Q6_SCALE)
+    FOR2(g, Q6_SCALE)
     return ds;
 }
 
-// The 16 quants minus 32 of group g of a slice as exact floats, from its low-nibble
+// The 16 quants minus 32 of ggml's group k (0..3) as exact floats, from its low-nibble
 // words l (ql bytes of groups 0 and 2, or 1 and 3) and high-bit words h (qh bytes, bits
-// 2g and 2g + 1).
-void q6_quants(uvec4 l, uvec4 h, uint g, out float v[16]) {
+// 2k and 2k + 1).
+void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
 #define Q6_WORD                                                                           \
-    BYTE_FLOATS(((l[wd] >> (4u * (g / 2u))) & 0x0F0F0F0Fu) | (((h[wd] >> (2u * g)) & 0x03030303u) << 4), \
+    BYTE_FLOATS(((l[wd] >> (4u * (k / 2u))) & 0x0F0F0F0Fu) | (((h[wd] >> (2u * k)) & 0x03030303u) << 4), \
                 0u, 0x3Fu, 32.0, v, 4u * wd)
     FOR4(wd, Q6_WORD)
 }
 
-// Slice s is half n = (s % 4) / 2 of block s / 4, lanes l = 16h .. 16h + 15 (h = s % 2)
-// of ggml's loop: group g is elements 128n + 32g + l of the block, the low (g < 2) or
-// high nibble of ql[64n + 32(g % 2) + l] with bits 2g, 2g + 1 of qh[32n + l] above it,
-// and scale scales[8n + 2g + h].
+// dequantize_row_q6_K's loop takes a block half n at a time; element l of its group k
+// (0..3) is element 128n + 32k + l of the block, the low (k < 2) or high nibble of
+// ql[64n + 32(k % 2) + l] with bits 2k, 2k + 1 of qh[32n + l] above it, scale
+// scales[8n + 2k + l / 16]. Slice s is the 16 ql bytes of lanes l = 16h .. 16h + 15 of
+// groups gp and gp + 2 (gp = s % 2, h = (s / 2) % 2, n = (s / 4) % 2, block s / 8): its
+// group g (0, 1) is ggml's group gp + 2g, elements e0 + 64g .. e0 + 64g + 15.
 #define SLICE_AT                                                                          \
-    uint boff = (s / 4u) * QB;                                                            \
-    uint hn = (s % 4u) / 2u;                                                              \
-    uint h = s % 2u;                                                                      \
-    uint e0 = (s / 4u) * QK + 128u * hn + 16u * h;
+    uint boff = (s / 8u) * QB;                                                            \
+    uint hn = (s % 8u) / 4u;                                                              \
+    uint h = (s % 4u) / 2u;                                                               \
+    uint gp = s % 2u;                                                                     \
+    uint e0 = (s / 8u) * QK + 128u * hn + 32u * gp + 16u * h;
 #define SLICE_LOAD_M(B, B4, base, a)                                                      \
     {                                                                                     \
         uint blk = (base) + wrow[r] + boff;                                               \
-        uint ql = blk + 64u * hn + 16u * h;                                               \
-        sq[a][0] = LD16E(B, ql);                                                          \
-        sq[a][1] = LD16E(B, ql + 32u);                                                    \
-        sq[a][2] = LD16E(B, blk + 128u + 32u * hn + 16u * h);                             \
-        sf[a] = q6_scales(LD2E(B, blk + 208u), LD8E(B, blk + 192u + 8u * hn), h);         \
+        sq[a][0] = LD16E(B, blk + 64u * hn + 32u * gp + 16u * h);                         \
+        sq[a][1] = LD16E(B, blk + 128u + 32u * hn + 16u * h);                             \
+        sf[a] = q6_scales(LD2E(B, blk + 208u), LD8E(B, blk + 192u + 8u * hn), 2u * gp + h); \
     }
-#define GROUP_E(g) (32u * (g))
-#define GROUP_QUANTS(a, g, qf) q6_quants(sq[a][(g) % 2u], sq[a][2], (g), qf)
+#define GROUP_E(g) (64u * (g))
+#define GROUP_QUANTS(a, g, qf) q6_quants(sq[a][0], sq[a][1], gp + 2u * (g), qf)
 #define GROUP_TERM(a, g) sf[a][g] * sdot
 #else
 #error slice_dot.glsl needs Q4_K, Q5_K or Q6_K
@@ -194,7 +196,7 @@ void q6_quants(uvec4 l, uvec4 h, uint g, out float v[16]) {
     bool vec16 = wo % 16u == 0u && uo % 16u == 0u;                                        \
     for (uint s = lane; s < pc.cols / SLICE_W; s += LANES) {                              \
         SLICE_AT                                                                          \
-        uvec4 sq[MAX_RPT * NACC][3];                                                      \
+        uvec4 sq[MAX_RPT * NACC][2];                                                      \
         vec4 sf[MAX_RPT * NACC];                                                          \
         FOR_R(SLICE_LOAD)                                                                 \
         FOR_G(SLICE_GROUP)                                                                \
