@@ -20,11 +20,10 @@
 // the same bytes. With one input 1 and the rest 0 a result is ggml's dequantised weight
 // exactly, as the CPU computes it.
 //
-// Each format below defines: SLICE_W (weights per slice), FOR_G (its groups), SLICE_AT
-// (slice s's block byte offset boff, first element e0 and format values), SLICE_LOAD_M
-// (one row's quant words into sq[a][0..1] and its group scales into sf[a]), GROUP_E
-// (group g's first element after e0), GROUP_QUANTS (group g's 16 quants as floats) and
-// GROUP_TERM (the term from sdot and, for K4, xs).
+// Each format below defines: SLICE_AT (slice s's block byte offset boff, first element
+// e0 and format values), SLICE_LOAD_M (one row's quant words into sq[a][0..1] and its
+// group scales into sf[a]), GROUP_E (group g's first element after e0), GROUP_QUANTS
+// (group g's 16 quants as floats) and GROUP_TERM (the term from sdot and, for K4, xs).
 
 layout(set = 0, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 #ifdef GATE_UP
@@ -58,9 +57,11 @@ float byte_float(uint n, uint p, uint m, float bias) {
         v[(o) + 3u] = byte_float(hi_, (p0) + 8u, (m), (bias));                            \
     }
 
-#if defined(K4)
 #define SLICE_W 32u
-#define FOR_G(B) FOR2(g, B) // the low (0) and high (1) nibbles of the slice's bytes
+#define FOR_G(B) FOR2(g, B) // the slice's two groups
+
+#if defined(K4)
+// Group g: the low (0) or high (1) nibbles of the slice's bytes.
 #define NEED_XS
 #ifdef Q5_K
 #define K5(code) code
@@ -111,23 +112,21 @@ void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
 #define GROUP_TERM(a, g) sf[a][2u * (g)] * sdot - sf[a][2u * (g) + 1u] * xs
 
 #elif defined(Q6_K)
-#define SLICE_W 32u
-#define FOR_G(B) FOR2(g, B) // ggml's groups gp and gp + 2 of the slice (below)
+// Group g: ggml's group gp + 2g (below).
 // The 16 bytes at even byte offset o of word buffer B: four words, or where o is 2 past a
 // multiple of 4 the halves of five (the fifth index repeats the fourth otherwise, so no
 // word past the one holding the last byte is read).
+// (quant.glsl's word16_pick of each pair).
 uvec4 ld16_pick(uint a0, uint a1, uint a2, uint a3, uint a4, uint o) {
-    bool odd = (o & 2u) != 0u;
-    return odd ? uvec4((a0 >> 16) | (a1 << 16), (a1 >> 16) | (a2 << 16), (a2 >> 16) | (a3 << 16),
-                       (a3 >> 16) | (a4 << 16))
-               : uvec4(a0, a1, a2, a3);
+    return uvec4(word16_pick(a0, a1, o), word16_pick(a1, a2, o), word16_pick(a2, a3, o),
+                 word16_pick(a3, a4, o));
 }
 #define LD16E(B, o)                                                                       \
     ld16_pick(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 2u], B[((o) >> 2) + 3u],     \
               B[((o) >> 2) + 3u + (((o) >> 1) & 1u)], (o))
 // The 8 bytes at even byte offset o of word buffer B, likewise from two or three words.
 uvec2 ld8_pick(uint a0, uint a1, uint a2, uint o) {
-    return (o & 2u) != 0u ? uvec2((a0 >> 16) | (a1 << 16), (a1 >> 16) | (a2 << 16)) : uvec2(a0, a1);
+    return uvec2(word16_pick(a0, a1, o), word16_pick(a1, a2, o));
 }
 #define LD8E(B, o) ld8_pick(B[(o) >> 2], B[((o) >> 2) + 1u], B[((o) >> 2) + 1u + (((o) >> 1) & 1u)], (o))
 // The f16 bits at even byte offset o of word buffer B.
