@@ -12,9 +12,9 @@
 // consecutive rows and its LANES lanes split every row's dot product (common.glsl). A
 // lane loads UNROLL weight chunks of each of its rows before it uses them (bytes in
 // flight), and reuses one x chunk for its RPT rows and one weight chunk for TB tokens.
-// RPT, UNROLL and LANES are specialization constants: RPT and UNROLL change only which
-// invocation computes what, never an element's summation order; LANES is part of the
-// order and is the same for the m=1 and batched kernels of one device.
+// RPT, UNROLL, LANES and WG_SIZE are specialization constants: RPT, UNROLL and WG_SIZE
+// change only which invocation computes what, never an element's summation order; LANES
+// is part of the order and is the same for the m=1 and batched kernels of one device.
 //
 // With FLAG_TABLE one dispatch covers several experts (workgroup y = table entry j):
 // entry j = route_u[tab_off + 3j ..] = (weight byte offset, added in weight units
@@ -31,7 +31,12 @@
 #include "common.glsl"
 #define ACT(i) act4[(i) >> 2][(i) & 3u]
 
-layout(local_size_x = 256) in;
+// Invocations per workgroup: specialization constant 3, which the host sets per kernel
+// (fewer for the m=1 kernels than for the batched ones); 256 where it sets none (the
+// embedding lookup). It moves work between workgroups, never an element's summation order.
+layout(local_size_x = 256, local_size_x_id = 3) in;
+#undef WG_SIZE
+#define WG_SIZE gl_WorkGroupSize.x
 
 layout(constant_id = 0) const uint RPT = 1u;     // rows per lane group (<= MAX_RPT)
 layout(constant_id = 1) const uint UNROLL = 4u;  // chunks loaded ahead (<= MAX_UNROLL)

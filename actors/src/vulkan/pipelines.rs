@@ -22,8 +22,17 @@ use super::VulkanError;
 
 include!(concat!(env!("OUT_DIR"), "/spirv_table.rs"));
 
-/// Invocations per workgroup of every kernel (`WG_SIZE` in `shaders/common.glsl`).
+/// Invocations per workgroup of every kernel (`WG_SIZE` in `shaders/common.glsl`) but the
+/// m=1 matmul kernels.
 const WG_SIZE: u32 = 256;
+
+/// Invocations per workgroup of the m=1 matmul kernels (matvec, gate/up, expert down).
+/// On the H200, 128 against 256 took the Q4_K and Q6_K LM-head matvecs from 124 and 149
+/// to 119 and 143 us and the 235B-shape Q4_K expert FFN from 77-79 to 75-77 us, bf16 and
+/// Q4_K at the 30B shape unchanged; the batched kernels keep 256, since Q6_K's 64-token
+/// FFN took 1,150 us at 128 against 1,050
+/// (`bench/results/gpu-q4k-probes-h200-2026-12-02.txt`).
+const M1_WG: u32 = 128;
 
 /// How the matmul kernels split their work (`shaders/matmul.comp`'s specialization
 /// constants). `lanes` is part of the summation order, so every kernel of one backend
@@ -59,9 +68,9 @@ impl Default for MatmulTuning {
 pub struct Kernel {
     /// The SPIR-V module it was built from (`shaders/shaders.txt`).
     pub module: String,
-    /// Its specialization constants (rows per lane group, unroll, lanes) for the matmul
-    /// kernels.
-    pub spec: Option<[u32; 3]>,
+    /// Its specialization constants (rows per lane group, unroll, lanes, invocations per
+    /// workgroup) for the matmul kernels.
+    pub spec: Option<[u32; 4]>,
     /// The compute pipeline.
     pub pipeline: Arc<ComputePipeline>,
     /// Its layout (set 0: the kernel's weights or caches; set 1: activations).
@@ -72,7 +81,7 @@ impl Kernel {
     /// Output rows one workgroup computes: lane groups × rows per lane group for the
     /// matmul kernels, 1 for the others.
     pub fn rows_per_wg(&self) -> u32 {
-        self.spec.map_or(1, |[rows, _, lanes]| WG_SIZE / lanes * rows)
+        self.spec.map_or(1, |[rows, _, lanes, wg]| wg / lanes * rows)
     }
 
     /// Layout of the kernel's own descriptor set (set 0).
@@ -149,12 +158,13 @@ fn verr(what: &str) -> impl Fn(&dyn std::fmt::Display) -> VulkanError + '_ {
     move |e| VulkanError::Vulkan(format!("{what}: {e}"))
 }
 
-/// Builds kernel `name`; `spec` = (rows per lane group, unroll, lanes) for matmul kernels.
+/// Builds kernel `name`; `spec` = (rows per lane group, unroll, lanes, invocations per
+/// workgroup) for matmul kernels.
 pub(crate) fn kernel(
     device: &Arc<Device>,
     act: &Arc<DescriptorSetLayout>,
     name: &str,
-    spec: Option<[u32; 3]>,
+    spec: Option<[u32; 4]>,
 ) -> Result<Kernel, VulkanError> {
     let words = spirv(name)?;
     // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders.
@@ -260,17 +270,17 @@ impl Kernels {
             return Ok(t);
         }
         let (t, ty) = (self.tuning, dtype.name());
-        let build = |name: String, rows: u32, unroll: u32| {
-            kernel(&self.device, &self.act_layout, &name, Some([rows, unroll, t.lanes]))
+        let build = |name: String, rows: u32, unroll: u32, wg: u32| {
+            kernel(&self.device, &self.act_layout, &name, Some([rows, unroll, t.lanes, wg]))
         };
         // The batched kernels hold 8 tokens' accumulators: one row per lane group.
         let built = TypedKernels {
-            matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll)?,
-            matvec_wide: build(format!("matvec_{ty}"), 2, t.unroll)?,
-            matmul: build(format!("matmul_{ty}"), 1, t.unroll.min(2))?,
-            gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll)?,
-            gate_up_batched: build(format!("gate_up_batched_{ty}"), 1, t.unroll.min(2))?,
-            down: build(format!("matvec_{ty}"), t.rows_down, t.unroll)?,
+            matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll, M1_WG)?,
+            matvec_wide: build(format!("matvec_{ty}"), 2, t.unroll, M1_WG)?,
+            matmul: build(format!("matmul_{ty}"), 1, t.unroll.min(2), WG_SIZE)?,
+            gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll, M1_WG)?,
+            gate_up_batched: build(format!("gate_up_batched_{ty}"), 1, t.unroll.min(2), WG_SIZE)?,
+            down: build(format!("matvec_{ty}"), t.rows_down, t.unroll, M1_WG)?,
             embed: match dtype {
                 DType::F32 | DType::Bf16 => None,
                 _ => Some(kernel(&self.device, &self.act_layout, &format!("embed_{ty}"), None)?),

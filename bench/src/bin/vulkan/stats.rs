@@ -98,16 +98,16 @@ fn executables(device: &Device, pipeline: vk::Pipeline) -> Result<Vec<Executable
     Ok(out)
 }
 
-/// Creates a compute pipeline of `module` (entry `main`, specialization constants 0, 1, 2
+/// Creates a compute pipeline of `module` (entry `main`, specialization constants 0 to 3
 /// = `spec`) with `layout`, as `Kernels::new` does but with `CAPTURE_STATISTICS_KHR`, and
 /// returns what the driver reports about it; the pipeline is destroyed before returning.
 fn pipeline_stats(
     device: &Device,
     module: &ShaderModule,
     layout: &PipelineLayout,
-    spec: [u32; 3],
+    spec: [u32; 4],
 ) -> Result<Vec<Executable>, String> {
-    let entries: Vec<vk::SpecializationMapEntry> = (0..3u32)
+    let entries: Vec<vk::SpecializationMapEntry> = (0..4u32)
         .map(|i| vk::SpecializationMapEntry::default().constant_id(i).offset(4 * i).size(4))
         .collect();
     let data: Vec<u8> = spec.iter().flat_map(|v| v.to_ne_bytes()).collect();
@@ -208,7 +208,10 @@ pub fn stats(device: usize, extra: &[Tuning]) {
             // the modules `Kernels::new` loads.
             let module = unsafe { ShaderModule::new(dev.clone(), ShaderModuleCreateInfo::new(&words)) }
                 .unwrap_or_else(|e| fail(1, format!("shader module `{name}`: {e}")));
-            println!("{name}{role} (rows {}, unroll {}, lanes {}):", spec[0], spec[1], spec[2]);
+            println!(
+                "{name}{role} (rows {}, unroll {}, lanes {}, workgroup {}):",
+                spec[0], spec[1], spec[2], spec[3]
+            );
             let exes = pipeline_stats(dev, &module, &kernel.layout, spec)
                 .unwrap_or_else(|e| fail(1, format!("{name}: {e}")));
             if exes.is_empty() {
