@@ -27,11 +27,12 @@ include!(concat!(env!("OUT_DIR"), "/spirv_table.rs"));
 const WG_SIZE: u32 = 256;
 
 /// Invocations per workgroup of the m=1 matmul kernels (matvec, gate/up, expert down).
-/// On the H200, 128 against 256 took the Q4_K and Q6_K LM-head matvecs from 124 and 149
-/// to 119 and 143 us and the 235B-shape Q4_K expert FFN from 77-79 to 75-77 us, bf16 and
-/// Q4_K at the 30B shape unchanged; the batched kernels keep 256, since Q6_K's 64-token
-/// FFN took 1,150 us at 128 against 1,050
-/// (`bench/results/gpu-q4k-probes-h200-2026-12-02.txt`).
+/// On the H200, 128 against 256 took the Q4_K and Q6_K LM-head matvecs (151936 × 2048)
+/// from 124 and 149 to 119 and 143.5 us and the 235B-shape Q4_K expert FFN from 77-79 to
+/// 75-77 us, bf16 and Q4_K at the 30B shape unchanged; the batched kernels keep 256, since
+/// Q6_K's 64-token FFN took 1,150 us at 128 against 1,050
+/// (`bench/results/gpu-q4k-probes-h200-2026-12-02.txt`). The batched kernels' tests
+/// against the m=1 ones compare the two sizes.
 const M1_WG: u32 = 128;
 
 /// How the matmul kernels split their work (`shaders/matmul.comp`'s specialization
