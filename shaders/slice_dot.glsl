@@ -114,9 +114,8 @@ void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
 #elif defined(Q6_K)
 // Group g: ggml's group gp + 2g (below).
 // The 16 bytes at even byte offset o of word buffer B: four words, or where o is 2 past a
-// multiple of 4 the halves of five (the fifth index repeats the fourth otherwise, so no
-// word past the one holding the last byte is read).
-// (quant.glsl's word16_pick of each pair).
+// multiple of 4 the halves of five, quant.glsl's word16_pick of each pair (the fifth index
+// repeats the fourth otherwise, so no word past the one holding the last byte is read).
 uvec4 ld16_pick(uint a0, uint a1, uint a2, uint a3, uint a4, uint o) {
     return uvec4(word16_pick(a0, a1, o), word16_pick(a1, a2, o), word16_pick(a2, a3, o),
                  word16_pick(a3, a4, o));
