@@ -73,11 +73,28 @@ float byte_float(uint n, uint p, uint m, float bias) {
 #endif
 
 // (d·sc_jl, dmin·m_jl, d·sc_jl+1, dmin·m_jl+1) of a block from its first 16 bytes h.
-vec4 k4_scales(uvec4 h, uint jl) {
+// The m=1 kernels share this work with the twin lane (lane ^ 1, whose slice s ^ 1 lies in
+// the same block and needs the same sub-blocks jl, jl + 1; a row's slice count is a
+// multiple of 8, so both lanes are active together): this lane (odd = lane & 1) widens d
+// (even) or dmin (odd) and forms sub-block jl + odd's products, the twin the others, and
+// shuffles exchange them. Each value comes from the same operations as when one lane forms
+// them all, so the batched kernels, which amortise the decode over their tokens and
+// measured 2-4% slower paired, form them alone and give the same bytes.
+vec4 k4_scales(uvec4 h, uint jl, uint odd) {
+#if TB == 1
+    float mine = f16_to_f32(odd == 0u ? h.x & 0xFFFFu : h.x >> 16);
+    float twin = subgroupShuffleXor(mine, 1u);
+    float d = odd == 0u ? mine : twin;
+    float dmin = odd == 0u ? twin : mine;
+    vec2 own = k4_products(d, dmin, k4_scale_min(h.y, h.z, h.w, jl + odd));
+    vec2 other = subgroupShuffleXor(own, 1u);
+    return odd == 0u ? vec4(own, other) : vec4(other, own);
+#else
     float d = f16_to_f32(h.x & 0xFFFFu);
     float dmin = f16_to_f32(h.x >> 16);
     return vec4(k4_products(d, dmin, k4_scale_min(h.y, h.z, h.w, jl)),
                 k4_products(d, dmin, k4_scale_min(h.y, h.z, h.w, jl + 1u)));
+#endif
 }
 
 // The 16 quants of group hf (0: low nibbles, sub-block j; 1: high nibbles, sub-block j)
@@ -105,7 +122,7 @@ void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
         uint blk = (base) + wrow[r] + boff;                                               \
         sq[a][0] = LD16(B, B4, blk + QS_AT + 16u * t, vec16);                             \
         K5(sq[a][1] = LD16(B, B4, blk + 16u + 16u * (t % 2u), vec16);)                    \
-        sf[a] = k4_scales(LD16(B, B4, blk, vec16), jl);                                   \
+        sf[a] = k4_scales(LD16(B, B4, blk, vec16), jl, lane & 1u);                        \
     }
 #define GROUP_E(g) (32u * (g))
 #define GROUP_QUANTS(a, g, qf) k4_quants(sq[a][0], sq[a][1], jl + (g), (g), qf)
