@@ -35,7 +35,7 @@ layout(local_size_x = 256) in;
 #endif
 
 layout(push_constant) uniform Params {
-    uint hd;        // head_dim (a multiple of 4, <= MAX_HD)
+    uint hd;        // head_dim (a multiple of 4, <= MAX_HD; the split kernel uses its HD)
     uint nh;        // query heads
     uint nkv;       // key/value heads
     uint q_off;     // act offset of token 0's queries (rows of nh · hd; a multiple of 4)
@@ -47,6 +47,23 @@ layout(push_constant) uniform Params {
     uint part_off;  // act offset of the partials (SPLIT, COMBINE; a multiple of 4)
     uint part_nc;   // chunk records per row in the partials
 } pc;
+
+#ifdef SPLIT
+// The split kernel is built per attention shape (`AttentionKernels::split_for`): head_dim,
+// query heads per KV head, and the rows each invocation computes in the score step (SR:
+// the tile's rows / 4) and the PV step (PR), so that the driver folds the index arithmetic
+// and drops the code of rows a decode tile never holds (on the H200 the kernel took 20
+// instead of 30 us per layer at 512 positions). A row's operations are the same, so are
+// its bytes.
+layout(constant_id = 0) const uint HD = 128u;
+layout(constant_id = 1) const uint GQ = 8u;
+layout(constant_id = 2) const uint SR = 8u;
+layout(constant_id = 3) const uint PR = 4u;
+#else
+#define HD pc.hd
+#define SR 8u
+#define PR 4u
+#endif
 
 #define CH 64u          // positions per chunk: part of the arithmetic
 #define MAX_HD 256u
@@ -107,7 +124,7 @@ uint row_n(uint r) {
 // Act offset (vec4) of row r's query or output.
 uint row_at(uint base, uint r) {
     uint gr = tile0 + r;
-    return (base + (gr / G) * pc.nh * pc.hd + (g * G + gr % G) * pc.hd) / 4u;
+    return (base + (gr / G) * pc.nh * HD + (g * G + gr % G) * HD) / 4u;
 }
 
 // Scores of chunk c (positions < nmax are staged) for every row into ps (−inf where
@@ -116,11 +133,11 @@ uint row_at(uint base, uint r) {
 void chunk_scores(uint c, uint nmax) {
     uint tid = gl_LocalInvocationID.x;
     uint j = tid % CH, rq = tid / CH;
-    uint kvd4 = pc.nkv * pc.hd / 4u;
+    uint kvd4 = pc.nkv * HD / 4u;
     precise float s[8];
     FOR8(i, s[i] = 0.0;)
-    for (uint d0 = 0u; d0 < pc.hd; d0 += DK) {
-        uint w4 = min(DK, pc.hd - d0) / 4u;
+    for (uint d0 = 0u; d0 < HD; d0 += DK) {
+        uint w4 = min(DK, HD - d0) / 4u;
         // The slice's Q (rows · w4 <= 256 vec4s) and K (CH · w4 <= 512) are loaded into
         // registers first, all loads in flight at once and while the previous slice's
         // readers finish, then stored.
@@ -132,7 +149,7 @@ void chunk_scores(uint c, uint nmax) {
 #define K_LOAD {                                                              \
             uint e = tid + 256u * u;                                          \
             uint pos = c * CH + e / w4;                                       \
-            kv[u] = (e < CH * w4 && pos < nmax) ? kc[pos * kvd4 + (g * pc.hd + d0) / 4u + e % w4] : vec4(0.0); \
+            kv[u] = (e < CH * w4 && pos < nmax) ? kc[pos * kvd4 + (g * HD + d0) / 4u + e % w4] : vec4(0.0); \
         }
         FOR2(u, K_LOAD)
 #undef K_LOAD
@@ -144,7 +161,7 @@ void chunk_scores(uint c, uint nmax) {
         barrier();
         for (uint x = 0u; x < w4; x++) {
             vec4 k = stage[j * KS4 + x];
-#define DOT(i) if (rq + 4u * i < LIVE) {                                     \
+#define DOT(i) if (i < SR && rq + 4u * i < LIVE) {                                     \
                 vec4 q = qs[(rq + 4u * i) * KS4 + x];                         \
                 s[i] = s[i] + q.x * k.x;                                      \
                 s[i] = s[i] + q.y * k.y;                                      \
@@ -155,7 +172,7 @@ void chunk_scores(uint c, uint nmax) {
 #undef DOT
         }
     }
-#define STORE(i) if (rq + 4u * i < LIVE) {                                   \
+#define STORE(i) if (i < SR && rq + 4u * i < LIVE) {                                   \
         precise float v = s[i] * pc.scale;                                    \
         ps[(rq + 4u * i) * CH + j] = c * CH + j < row_n(rq + 4u * i) ? v : NEG_INF; \
     }
@@ -181,7 +198,7 @@ void chunk_scores(uint c, uint nmax) {
     }
     barrier();
     // Probabilities of the live scores.
-#define PROB(i) if (rq + 4u * i < LIVE) {                                    \
+#define PROB(i) if (i < SR && rq + 4u * i < LIVE) {                                    \
         uint at = (rq + 4u * i) * CH + j;                                     \
         if (c * CH + j < row_n(rq + 4u * i)) {                                \
             precise float p = expf_(ps[at] - cmax[rq + 4u * i]);                \
@@ -196,7 +213,7 @@ void chunk_scores(uint c, uint nmax) {
 // The PV thread layout: thread (d4 = tid % hd/4, rg = tid / (hd/4)) owns dims 4·d4 ..
 // 4·d4 + 3 of rows rg + i · (256 / (hd/4)), i < 4.
 uint pv_row(uint i) {
-    uint hd4 = pc.hd / 4u;
+    uint hd4 = HD / 4u;
     uint rg = gl_LocalInvocationID.x / hd4;
     return rg < 256u / hd4 ? rg + i * (256u / hd4) : MAX_ROWS;
 }
@@ -212,7 +229,7 @@ void main() {
     START = floatBitsToUint(act4[pc.pos_off >> 2u][pc.pos_off & 3u]);
 #ifdef COMBINE
     uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
-    uint hd4 = pc.hd / 4u, d4 = gl_LocalInvocationID.x;
+    uint hd4 = HD / 4u, d4 = gl_LocalInvocationID.x;
     if (d4 >= hd4) {
         return;
     }
@@ -234,14 +251,18 @@ void main() {
 #undef LOAD
         FOR8(i, if (c0 + i < nc) { merge(c0 + i == 0u, ml[i].x, ml[i].y, oc[i], M, L, acc); })
     }
-    act4[(pc.out_off + (t * pc.nh + h) * pc.hd) / 4u + d4] = finish(L, acc);
+    act4[(pc.out_off + (t * pc.nh + h) * HD) / 4u + d4] = finish(L, acc);
+#else
+#ifdef SPLIT
+    G = GQ;
 #else
     G = pc.nh / pc.nkv;
+#endif
     g = gl_WorkGroupID.z;
     tile0 = gl_WorkGroupID.y * pc.rows;
     LIVE = min(pc.rows, pc.m * G - tile0);
     uint tid = gl_LocalInvocationID.x;
-    uint hd4 = pc.hd / 4u;
+    uint hd4 = HD / 4u;
     uint d4 = tid % hd4;
     // Positions staged: those of the tile's last token.
     uint last = tile0 + LIVE - 1u;
@@ -267,7 +288,7 @@ void main() {
 #endif
     for (uint c = c0; c < c1; c++) {
         chunk_scores(c, nmax);
-        FOR4(i, o[i] = vec4(0.0); l[i] = 0.0; cnt[i] = chunk_count(c, pv_row(i));)
+        FOR4(i, o[i] = vec4(0.0); l[i] = 0.0; cnt[i] = i < PR ? chunk_count(c, pv_row(i)) : 0u;)
         for (uint j0 = 0u; j0 < CH && c * CH + j0 < nmax; j0 += jv) {
             // V rows (jv · hd4 <= STAGE4 = 576 vec4s, at most 3 a thread) loaded like K.
             vec4 vv[4];
@@ -285,7 +306,7 @@ void main() {
             uint jn = min(jv, CH - j0);
             for (uint jj = 0u; jj < jn; jj++) {
                 vec4 v = stage[jj * hd4 + d4];
-#define PV(i) if (j0 + jj < cnt[i]) {                                         \
+#define PV(i) if (i < PR && j0 + jj < cnt[i]) {                                         \
                     float p = ps[pv_row(i) * CH + j0 + jj];                   \
                     o[i] = o[i] + p * v;                                      \
                     l[i] = l[i] + p;                                          \
@@ -296,7 +317,7 @@ void main() {
         }
 #ifdef SPLIT
         // Record (o_c, (m_c, l_c)) of each row with positions in the chunk.
-#define SAVE(i) if (cnt[i] > 0u) {                                            \
+#define SAVE(i) if (i < PR && cnt[i] > 0u) {                                            \
             uint gr = tile0 + pv_row(i);                                      \
             uint row = (gr / G) * pc.nh + g * G + gr % G;                     \
             uint at = pc.part_off / 4u + (row * pc.part_nc + c) * (hd4 + 1u); \

@@ -724,10 +724,13 @@ fn batched_attention_is_byte_identical_to_m1() {
     let Some(ctx) = vulkan::context() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let shape = |heads, kv_heads, head_dim| AttentionShape { heads, kv_heads, head_dim };
-    // (shape, start, tokens): GQA groups of 1, 2, 4 and 8 query heads; head dims 4 to 256;
-    // blocks from position 0 and deep into the cache; 300 and 267 positions are not whole
-    // chunks; more rows than one tile; over 8 chunks (the decode merge loads 8 at a time).
+    // (shape, start, tokens): GQA groups of 1, 2, 4, 8 and 16 query heads (the split
+    // kernel is specialised to each: 1 to 4 score rows, 1 or 2 PV rows per invocation);
+    // head dims 4 to 256; blocks from position 0 and deep into the cache; 300 and 267
+    // positions are not whole chunks; more rows than one tile; over 8 chunks (the decode
+    // merge loads 8 at a time).
     let cases = [
+        (shape(64, 4, 128), 70, 3),
         (shape(2, 2, 4), 0, 9),
         (shape(4, 2, 32), 1100, 5),
         (shape(8, 2, 24), 0, 150),

@@ -10,9 +10,10 @@
 //!   the chunks of its rows in order and merges each as it goes.
 //!
 //! A row tile holds up to [`MAX_TILE_ROWS`] (token, query head) rows of one KV head, so
-//! each staged K/V slice serves the group's query heads and several tokens.
+//! each staged K/V slice serves the group's query heads and several tokens (the split
+//! path's tiles hold one token's group: [`AttentionShape::split_rows`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use vulkano::descriptor_set::layout::DescriptorSetLayout;
 use vulkano::descriptor_set::DescriptorSet;
@@ -42,21 +43,44 @@ pub const SPLIT_TOKENS: usize = 1;
 pub struct AttentionKernels {
     /// Layer-major prefill: each workgroup runs its rows' chunks in order.
     pub fused: Kernel,
-    /// Decode: one workgroup per chunk writes the chunk's partials.
-    pub split: Kernel,
     /// Decode: merges a row's partials in chunk order.
     pub combine: Kernel,
+    /// Decode: one workgroup per chunk writes the chunk's partials; built per attention
+    /// shape ([`AttentionKernels::split_for`]).
+    split: Mutex<Vec<(AttentionShape, Arc<Kernel>)>>,
+    device: Arc<Device>,
+    act: Arc<DescriptorSetLayout>,
 }
 
 impl AttentionKernels {
-    /// Builds the pipelines on `device` with the activation set layout `act`.
+    /// Builds the pipelines on `device` with the activation set layout `act` (the split
+    /// kernel when a shape first asks for it).
     pub(super) fn new(device: &Arc<Device>, act: &Arc<DescriptorSetLayout>) -> Result<Self, VulkanError> {
-        let k = |name: &str| kernel(device, act, name, None);
         Ok(AttentionKernels {
-            fused: k("attention")?,
-            split: k("attention_split")?,
-            combine: k("attention_combine")?,
+            fused: kernel(device, act, "attention", None)?,
+            combine: kernel(device, act, "attention_combine", None)?,
+            split: Mutex::new(Vec::new()),
+            device: device.clone(),
+            act: act.clone(),
         })
+    }
+
+    /// The split kernel specialised to `shape` (`shaders/attention.comp`'s `HD`, `GQ`,
+    /// `SR`, `PR`: head_dim, query heads per KV head, score and PV rows per invocation of
+    /// a [`AttentionShape::split_rows`] tile), built on first use; a backend asks for its
+    /// model's shape when it starts, so no decode step waits for the driver's compiler.
+    pub fn split_for(&self, shape: AttentionShape) -> Result<Arc<Kernel>, VulkanError> {
+        shape.check()?;
+        let mut built = self.split.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, k)) = built.iter().find(|(s, _)| *s == shape) {
+            return Ok(k.clone());
+        }
+        let rows = shape.split_rows();
+        let pv_rows = 256 / (shape.head_dim / 4);
+        let spec = [shape.head_dim, shape.heads / shape.kv_heads, rows.div_ceil(4), rows.div_ceil(pv_rows)];
+        let k = Arc::new(kernel(&self.device, &self.act, "attention_split", Some(spec.map(|v| v as u32)))?);
+        built.push((shape, k.clone()));
+        Ok(k)
     }
 }
 
@@ -98,6 +122,12 @@ impl AttentionShape {
     /// Rows per tile: the PV step gives each invocation 4 rows of 4 dims.
     pub fn tile_rows(&self) -> usize {
         MAX_TILE_ROWS.min(4 * (256 / (self.head_dim / 4)))
+    }
+
+    /// Rows per tile of the split path: one token's query heads (at most a full tile), so
+    /// a decode step's tile has no empty rows and the split kernel is specialised to them.
+    pub fn split_rows(&self) -> usize {
+        self.tile_rows().min(self.heads / self.kv_heads)
     }
 
     /// Chunk records per row in the partials region for a `max_context` cache.
@@ -158,7 +188,7 @@ impl AttentionArgs {
         if !(self.q_off | self.out_off | self.part_off).is_multiple_of(4) {
             return Err(VulkanError::Vulkan("attention offsets must be multiples of 4 floats".into()));
         }
-        let rows = s.tile_rows() as u32;
+        let rows = if split { s.split_rows() } else { s.tile_rows() } as u32;
         let group = (s.heads / s.kv_heads) as u32;
         let tiles = (self.tokens * group).div_ceil(rows);
         let scale = 1.0 / (s.head_dim as f32).sqrt();
@@ -187,7 +217,7 @@ impl AttentionArgs {
         }
         // A workgroup per chunk the cache can hold (those past the block's positions
         // return at once): the dispatch does not depend on the position.
-        rec.dispatch(&k.split, Some(set), push, [self.part_chunks, tiles, s.kv_heads as u32])?;
+        rec.dispatch(&*k.split_for(s)?, Some(set), push, [self.part_chunks, tiles, s.kv_heads as u32])?;
         rec.dispatch(&k.combine, None, push, [s.heads as u32, self.tokens, 1])
     }
 }

@@ -97,6 +97,7 @@ impl VulkanBackend {
         }
         let m = max_rows.max(1);
         let kernels = Arc::new(Kernels::new(&ctx.device, MatmulTuning::default())?);
+        kernels.attention.split_for(AttentionShape::of(&c))?;
         let a = Arena::new(&model, m)?;
         let act = device_buffer::<f32>(&ctx, a.len as u64, BufferUsage::STORAGE_BUFFER)?;
         let weights = DeviceModel::upload(&ctx, &kernels, &model)?;

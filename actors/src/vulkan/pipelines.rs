@@ -69,8 +69,9 @@ impl Default for MatmulTuning {
 pub struct Kernel {
     /// The SPIR-V module it was built from (`shaders/shaders.txt`).
     pub module: String,
-    /// Its specialization constants (rows per lane group, unroll, lanes, invocations per
-    /// workgroup) for the matmul kernels.
+    /// Its specialization constants: for the matmul kernels rows per lane group, unroll,
+    /// lanes and invocations per workgroup; for the split attention kernel its shape
+    /// ([`super::attention::AttentionKernels::split_for`]).
     pub spec: Option<[u32; 4]>,
     /// The compute pipeline.
     pub pipeline: Arc<ComputePipeline>,
