@@ -238,19 +238,22 @@ void main() {
     uint rec = pc.part_off / 4u + (t * pc.nh + h) * pc.part_nc * (hd4 + 1u);
     float M = 0.0, L = 0.0;
     vec4 acc = vec4(0.0);
-    // Eight chunks' partials are loaded before they are merged (in order), so their
-    // loads overlap.
-    for (uint c0 = 0u; c0 < nc; c0 += 8u) {
-        vec4 ml[8], oc[8];
-#define LOAD(i) if (c0 + i < nc) {                                            \
-            uint at = rec + (c0 + i) * (hd4 + 1u);                            \
-            ml[i] = act4[at + hd4];                                           \
-            oc[i] = act4[at + d4];                                            \
-        }
-        FOR8(i, LOAD(i))
-#undef LOAD
-        FOR8(i, if (c0 + i < nc) { merge(c0 + i == 0u, ml[i].x, ml[i].y, oc[i], M, L, acc); })
+    // Partials are merged (in order) eight chunks at a time, and the next eight chunks'
+    // loads are in flight while these merge: a long context's merge waits on device
+    // memory once, not once per eight chunks.
+    vec4 ml[8], oc[8], nml[8], noc[8];
+#define LOAD(c0, i, m, o) if ((c0) + i < nc) {                                 \
+        uint at = rec + ((c0) + i) * (hd4 + 1u);                              \
+        m[i] = act4[at + hd4];                                                \
+        o[i] = act4[at + d4];                                                 \
     }
+    FOR8(i, LOAD(0u, i, ml, oc))
+    for (uint c0 = 0u; c0 < nc; c0 += 8u) {
+        FOR8(i, LOAD(c0 + 8u, i, nml, noc))
+        FOR8(i, if (c0 + i < nc) { merge(c0 + i == 0u, ml[i].x, ml[i].y, oc[i], M, L, acc); })
+        FOR8(i, ml[i] = nml[i]; oc[i] = noc[i];)
+    }
+#undef LOAD
     act4[(pc.out_off + (t * pc.nh + h) * HD) / 4u + d4] = finish(L, acc);
 #else
 #ifdef SPLIT
