@@ -76,8 +76,12 @@ impl AttentionKernels {
             return Ok(k.clone());
         }
         let rows = shape.split_rows();
-        let pv_rows = 256 / (shape.head_dim / 4);
-        let spec = [shape.head_dim, shape.heads / shape.kv_heads, rows.div_ceil(4), rows.div_ceil(pv_rows)];
+        let spec = [
+            shape.head_dim,
+            shape.heads / shape.kv_heads,
+            rows.div_ceil(4),
+            rows.div_ceil(shape.pv_pass_rows()),
+        ];
         let k = Arc::new(kernel(&self.device, &self.act, "attention_split", Some(spec.map(|v| v as u32)))?);
         built.push((shape, k.clone()));
         Ok(k)
@@ -119,9 +123,14 @@ impl AttentionShape {
         Ok(())
     }
 
+    /// Rows one pass of the PV step covers: its 256 invocations take 4 dims of a row each.
+    fn pv_pass_rows(&self) -> usize {
+        256 / (self.head_dim / 4)
+    }
+
     /// Rows per tile: the PV step gives each invocation 4 rows of 4 dims.
     pub fn tile_rows(&self) -> usize {
-        MAX_TILE_ROWS.min(4 * (256 / (self.head_dim / 4)))
+        MAX_TILE_ROWS.min(4 * self.pv_pass_rows())
     }
 
     /// Rows per tile of the split path: one token's query heads (at most a full tile), so
