@@ -118,7 +118,7 @@ impl VulkanBackend {
         let io_greedy = io_pos + 1;
         // The device-routed steps' ranking kernel and the greedy choice write here directly.
         let io = host_buffer::<f32>(&ctx, io_greedy as u64 + 1, BufferUsage::STORAGE_BUFFER)?;
-        let greedy_set = set0(&ctx, &kernels.argmax, &[io.clone().into_bytes()])?;
+        let greedy_set = set0(&ctx, &kernels.argmax_final, &[io.clone().into_bytes()])?;
         let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref(), &io)?;
         let act_set = DescriptorSet::new(
             ctx.descriptors.clone(),

@@ -280,7 +280,7 @@ impl KernelHarness {
     pub fn argmax(&self, values: &[f32]) -> Result<u32, VulkanError> {
         self.write_act(0, values)?;
         let io = host_buffer::<f32>(&self.ctx, 1, BufferUsage::STORAGE_BUFFER)?;
-        let set = set0(&self.ctx, &self.kernels.argmax, &[io.clone().into_bytes()])?;
+        let set = set0(&self.ctx, &self.kernels.argmax_final, &[io.clone().into_bytes()])?;
         let n = values.len() as u32;
         self.run(|r| r.argmax(set.clone(), n, 0, n.next_multiple_of(4), 0), 1)?;
         let got = io.read().map_err(verr("reading the greedy choice"))?[0].to_bits();

@@ -136,9 +136,10 @@ pub struct Kernels {
     pub route: Kernel,
     /// The ranking of a device-routed decode step, with its expert tables.
     pub route_table: Kernel,
-    /// The greedy choice of a logits row: each block's best value and index, and the
-    /// best of those to the host.
+    /// The greedy choice of a logits row: each block's best value and index.
     pub argmax: Kernel,
+    /// The greedy choice of a logits row: the best of the blocks', to the host.
+    pub argmax_final: Kernel,
     /// The hybrid layers' kernels.
     pub delta: super::delta::DeltaKernels,
     /// The activation set layout shared by every kernel.
@@ -260,6 +261,7 @@ impl Kernels {
             route: k("route")?,
             route_table: k("route_table")?,
             argmax: k("argmax")?,
+            argmax_final: k("argmax_final")?,
             delta: super::delta::DeltaKernels::new(device, &act_layout)?,
             act_layout,
         })

@@ -152,10 +152,9 @@ pub struct Recorder {
 /// Values per block of the greedy choice's first kernel (`BLOCK` in `shaders/argmax.comp`).
 pub const ARGMAX_BLOCK: u32 = 1024;
 
-/// Arena floats the greedy choice of a row of `n` values needs: its blocks' pairs and
-/// the count of finished blocks (zero between dispatches; the arena starts zeroed).
+/// Arena floats the greedy choice of a row of `n` values needs for its blocks' pairs.
 pub fn argmax_floats(n: usize) -> usize {
-    2 * n.div_ceil(ARGMAX_BLOCK as usize) + 1
+    2 * n.div_ceil(ARGMAX_BLOCK as usize)
 }
 
 /// Makes a descriptor set for `kernel`'s set 0 from buffers bound at 0, 1, ...
@@ -325,8 +324,8 @@ impl Recorder {
 
     /// The greedy choice of the `n` values at arena offset `in_off`
     /// (`shaders/argmax.comp`): each block of [`ARGMAX_BLOCK`] values' best pair goes to
-    /// `part_off` ([`argmax_floats`]) and the last block to finish writes the chosen index
-    /// to word `io_out` of the readback buffer bound in `io_set`.
+    /// `part_off` ([`argmax_floats`]), the chosen index to word `io_out` of the readback
+    /// buffer bound in `io_set`.
     pub fn argmax(
         &mut self,
         io_set: Arc<DescriptorSet>,
@@ -338,7 +337,9 @@ impl Recorder {
         let blocks = n.div_ceil(ARGMAX_BLOCK);
         let push = [n, in_off, part_off, blocks, io_out];
         let k = self.kernels.argmax.clone();
-        self.dispatch(&k, Some(io_set), push, [blocks, 1, 1])
+        self.dispatch(&k, None, push, [blocks, 1, 1])?;
+        let k = self.kernels.argmax_final.clone();
+        self.dispatch(&k, Some(io_set), push, [1, 1, 1])
     }
 
     /// Copies `src` to `dst`.
