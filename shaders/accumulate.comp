@@ -1,10 +1,9 @@
 #version 450
-// MoE combine for token t (workgroup y): x[t] += the weighted sum of its ranks' expert
-// outputs (moe_combine.glsl). A decode step's combine followed by the next layer's input
-// norm runs as rmsnorm.comp's ACCUMULATE variant instead.
+// MoE combine for token t (workgroup y): x[t] += sum over ranks r (in rank order) of
+// weight[t][r] * y[t][r], the sum formed first and added to the residual last, as the
+// CPU reference does.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
-#include "moe_combine.glsl"
 
 layout(local_size_x = 256) in;
 
@@ -22,6 +21,23 @@ void main() {
     if (d >= pc.h) {
         return;
     }
+    // The first 16 ranks' outputs and weights (and the residual) are requested at once,
+    // then summed in rank order; ranks past 16 are read one at a time.
     uint xi = pc.x_off + t * pc.h + d;
-    act[xi] = moe_combined(pc.h, pc.k, pc.y_off, pc.w_off, t, d, act[xi]);
+    float res = act[xi];
+    float yv[16], wv[16];
+#define LOAD if (r < pc.k) {                                                   \
+        uint i = t * pc.k + r;                                                 \
+        yv[r] = act[pc.y_off + i * pc.h + d];                                  \
+        wv[r] = route_f[pc.w_off + i];                                         \
+    }
+    FOR16(r, LOAD)
+    precise float a = 0.0;
+    FOR16(r, if (r < pc.k) { a = a + yv[r] * wv[r]; })
+    for (uint r = 16u; r < pc.k; r++) {
+        uint i = t * pc.k + r;
+        a = a + act[pc.y_off + i * pc.h + d] * route_f[pc.w_off + i];
+    }
+    precise float x = res + a;
+    act[xi] = x;
 }

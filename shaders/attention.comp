@@ -11,27 +11,28 @@
 //             a = exp(M − M'), b = exp(m_c − M'), L = L·a + l_c·b, acc = acc·a + o_c·b
 //   out   = acc · (1 / L)
 //
-// Every float operation is `precise` (NoContraction). Two modules:
+// Every float operation is `precise` (NoContraction). Three modules:
 // - `attention` (fused, layer-major prefill): workgroup = (row tile, KV head); it runs the
 //   chunks of its rows in order and merges each as it finishes.
 // - `attention_split` (SPLIT, decode): workgroup = (chunk, row tile, KV head); it writes
-//   the chunk's (o_c, m_c, l_c) to a partials region of the arena, and the tile's last
-//   workgroup to finish (an atomic count per tile) merges each of the tile's rows from
-//   its partials in chunk order, so no second dispatch waits for the first.
-// Both compute a chunk with the same functions below and merge with `merge`, so the two
-// give every row the same bytes.
+//   the chunk's (o_c, m_c, l_c) to a partials region of the arena, and
+// - `attention_combine` (COMBINE): workgroup = (head, token); merges a row's partials in
+//   chunk order.
+// The split and fused kernels compute a chunk with the same functions below, and both
+// paths merge with `merge`, so the two give every row the same bytes.
 //
 // A row tile is `rows` consecutive rows of one KV head g: row r of the tile is token
 // (y·rows + r) / G, query head g·G + (y·rows + r) % G (G = nh / nkv), so the tile shares
 // each staged K/V slice among the group's query heads and among tokens.
 #extension GL_GOOGLE_include_directive : require
 #define ACT_VEC4
-#ifdef SPLIT
-#define ACT_COHERENT
-#endif
 #include "common.glsl"
 
+#ifdef COMBINE
+layout(local_size_x = 64) in;
+#else
 layout(local_size_x = 256) in;
+#endif
 
 layout(push_constant) uniform Params {
     uint hd;        // head_dim (a multiple of 4, <= MAX_HD; the split kernel uses its HD)
@@ -43,9 +44,7 @@ layout(push_constant) uniform Params {
     float scale;    // 1 / sqrt(head_dim)
     uint m;         // tokens
     uint rows;      // rows per tile (<= MAX_ROWS and <= 4 · (256 / (hd / 4)))
-    uint part_off;  // act offset of the partials (SPLIT; a multiple of 4): the tiles'
-                    // counts (m · nh words, rounded up to 4, zero between dispatches),
-                    // then the chunk records
+    uint part_off;  // act offset of the partials (SPLIT, COMBINE; a multiple of 4)
     uint part_nc;   // chunk records per row in the partials
 } pc;
 
@@ -101,6 +100,7 @@ vec4 finish(float L, vec4 acc) {
 
 uint START;  // position of token 0 (read from the arena: a kept recording serves any)
 
+#ifndef COMBINE
 layout(set = 0, binding = 0) readonly buffer Kc { vec4 kc[]; };
 layout(set = 0, binding = 1) readonly buffer Vc { vec4 vc[]; };
 
@@ -223,27 +223,24 @@ uint chunk_count(uint c, uint r) {
     uint n = r < pc.rows ? row_n(r) : 0u;
     return n > c * CH ? min(n - c * CH, CH) : 0u;
 }
+#endif
 
-#ifdef SPLIT
-// The arena's words, for the tiles' counts.
-layout(set = 1, binding = 0) coherent buffer ActU { uint act_u[]; };
-shared bool tile_done;  // this workgroup counted the tile's last live chunk
-
-// Vec4 offset of row `row`'s record of chunk c in the partials (after the counts).
-uint rec_at(uint row, uint c) {
-    return pc.part_off / 4u + (pc.m * pc.nh + 3u) / 4u + (row * pc.part_nc + c) * (HD / 4u + 1u);
-}
-
-// Dims 4·d4 .. 4·d4 + 3 of row `row` (attending to n positions), merged from its
-// partials in chunk order. Eight chunks' partials merge while the next eight chunks'
-// loads are in flight: a long context's merge waits on memory once, not once per eight
-// chunks.
-vec4 merged_row(uint row, uint n, uint d4) {
-    uint hd4 = HD / 4u;
+void main() {
+    START = floatBitsToUint(act4[pc.pos_off >> 2u][pc.pos_off & 3u]);
+#ifdef COMBINE
+    uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
+    uint hd4 = HD / 4u, d4 = gl_LocalInvocationID.x;
+    if (d4 >= hd4) {
+        return;
+    }
+    uint n = START + t + 1u;
     uint nc = (n + CH - 1u) / CH;
-    uint rec = rec_at(row, 0u);
+    uint rec = pc.part_off / 4u + (t * pc.nh + h) * pc.part_nc * (hd4 + 1u);
     float M = 0.0, L = 0.0;
     vec4 acc = vec4(0.0);
+    // Partials are merged (in order) eight chunks at a time, and the next eight chunks'
+    // loads are in flight while these merge: a long context's merge waits on device
+    // memory once, not once per eight chunks.
     vec4 ml[8], oc[8], nml[8], noc[8];
 #define LOAD(c0, i, m, o) if ((c0) + i < nc) {                                 \
         uint at = rec + ((c0) + i) * (hd4 + 1u);                              \
@@ -257,12 +254,8 @@ vec4 merged_row(uint row, uint n, uint d4) {
         FOR8(i, ml[i] = nml[i]; oc[i] = noc[i];)
     }
 #undef LOAD
-    return finish(L, acc);
-}
-#endif
-
-void main() {
-    START = floatBitsToUint(act4[pc.pos_off >> 2u][pc.pos_off & 3u]);
+    act4[(pc.out_off + (t * pc.nh + h) * HD) / 4u + d4] = finish(L, acc);
+#else
 #ifdef SPLIT
     G = GQ;
 #else
@@ -329,7 +322,8 @@ void main() {
         // Record (o_c, (m_c, l_c)) of each row with positions in the chunk.
 #define SAVE(i) if (i < PR && cnt[i] > 0u) {                                            \
             uint gr = tile0 + pv_row(i);                                      \
-            uint at = rec_at((gr / G) * pc.nh + g * G + gr % G, c);           \
+            uint row = (gr / G) * pc.nh + g * G + gr % G;                     \
+            uint at = pc.part_off / 4u + (row * pc.part_nc + c) * (hd4 + 1u); \
             act4[at + d4] = o[i];                                             \
             if (d4 == 0u) {                                                   \
                 act4[at + hd4] = vec4(cmax[pv_row(i)], l[i], 0.0, 0.0);       \
@@ -341,32 +335,10 @@ void main() {
         FOR4(i, if (cnt[i] > 0u) { merge(c == 0u, cmax[pv_row(i)], l[i], o[i], M[i], L[i], acc[i]); })
 #endif
     }
-#ifdef SPLIT
-    // The tile's last workgroup merges its rows: each makes its records visible before
-    // it counts itself in, so the one that counts the tile's last live chunk reads them
-    // all, and it resets the count for the next dispatch.
-    memoryBarrierBuffer();
-    barrier();
-    if (tid == 0u) {
-        uint at = pc.part_off + gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y;
-        tile_done = atomicAdd(act_u[at], 1u) + 1u == (nmax + CH - 1u) / CH;
-        if (tile_done) {
-            atomicExchange(act_u[at], 0u);
-        }
-    }
-    barrier();
-    if (!tile_done) {
-        return;
-    }
-    memoryBarrierBuffer();
-    uint rg = tid / hd4;
-    for (uint r = rg; rg < 256u / hd4 && r < LIVE; r += 256u / hd4) {
-        uint gr = tile0 + r;
-        act4[row_at(pc.out_off, r) + d4] = merged_row((gr / G) * pc.nh + g * G + gr % G, row_n(r), d4);
-    }
-#else
+#ifndef SPLIT
     FOR4(i, if (pv_row(i) < pc.rows && row_n(pv_row(i)) > 0u) {
         act4[row_at(pc.out_off, pv_row(i)) + d4] = finish(L[i], acc[i]);
     })
+#endif
 #endif
 }

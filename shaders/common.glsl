@@ -48,19 +48,11 @@
 // declaration of a written binding can hide the write from it. Read-only bindings may
 // be aliased (vector and scalar views of weights).
 // A kernel that reads the arena four floats at a time defines ACT_VEC4 and sees it as
-// vec4 elements instead (act4[i >> 2][i & 3] is float i). A kernel whose workgroups read
-// each other's results within the dispatch (the split attention kernel's last workgroup
-// of a tile) defines ACT_COHERENT: the arena is then `coherent` and may have a second,
-// also written, declaration for its atomic counters.
-#ifdef ACT_COHERENT
-#define ACT_QUALIFIER coherent
-#else
-#define ACT_QUALIFIER
-#endif
+// vec4 elements instead (act4[i >> 2][i & 3] is float i).
 #ifdef ACT_VEC4
-layout(set = 1, binding = 0) ACT_QUALIFIER buffer Act { vec4 act4[]; };
+layout(set = 1, binding = 0) buffer Act { vec4 act4[]; };
 #else
-layout(set = 1, binding = 0) ACT_QUALIFIER buffer Act { float act[]; };
+layout(set = 1, binding = 0) buffer Act { float act[]; };
 #endif
 #ifdef ROUTE_WRITE
 // The one kernel that writes the routing buffer (a device-routed step's routing words)

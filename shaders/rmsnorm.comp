@@ -3,17 +3,10 @@
 // GATED (`gated_rmsnorm`, the DeltaNet output norm): workgroup x is a value head of n
 // elements, normalised in place and multiplied by silu(z) of the same head
 // (out = (w * (x * r)) * silu(z), as actors/src/cpu/delta.rs's gated_rmsnorm_row).
-// ACCUMULATE (`accumulate_rmsnorm`, a decode step's MoE combine and the next norm in one
-// dispatch): x is first the MoE combine of the row (moe_combine.glsl, as accumulate.comp
-// forms it), written back to the row, then normalised as above; the same bytes as
-// `accumulate` followed by `rmsnorm`.
 // The m=1 and batched dispatches run this same per-row program; a row's result does not
 // depend on how many rows were dispatched with it.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
-#ifdef ACCUMULATE
-#include "moe_combine.glsl"
-#endif
 
 layout(local_size_x = 256) in;
 
@@ -28,11 +21,6 @@ layout(push_constant) uniform Params {
     uint z_off;      // act offset of token 0's z
     uint z_stride;
 #endif
-#ifdef ACCUMULATE
-    uint k;          // experts per token
-    uint y_off;      // act offset of the expert outputs (rows of n, indexed t · k + r)
-    uint w_off;      // route_f offset of the routing weights (k per token)
-#endif
 } pc;
 
 layout(set = 0, binding = 0) readonly buffer Nw { float nw[]; };
@@ -46,18 +34,6 @@ shared float red[WG_SIZE];
 #else
 #define GATE(code)
 #endif
-
-// Element i of token t's row (at act offset xi): with ACCUMULATE the combined residual,
-// which is written back.
-float x_in(uint xi, uint t, uint i) {
-#ifdef ACCUMULATE
-    float x = moe_combined(pc.n, pc.k, pc.y_off, pc.w_off, t, i, act[xi + i]);
-    act[xi + i] = x;
-    return x;
-#else
-    return act[xi + i];
-#endif
-}
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -76,7 +52,7 @@ void main() {
     // The weights (and z) are loaded with x, so their loads are in flight during the
     // reduction instead of after it.
     float xv[RC];
-#define X_LOAD xv[j] = tid + WG_SIZE * j < pc.n ? x_in(xi, t, tid + WG_SIZE * j) : 0.0;
+#define X_LOAD xv[j] = tid + WG_SIZE * j < pc.n ? act[xi + tid + WG_SIZE * j] : 0.0;
     FOR16(j, X_LOAD)
     float wv[RC];
 #define W_LOAD wv[j] = tid + WG_SIZE * j < pc.n ? nw[tid + WG_SIZE * j] : 0.0;
@@ -93,7 +69,7 @@ void main() {
     }
     FOR16(j, X_SQUARE)
     for (uint i = tid + RC * WG_SIZE; i < pc.n; i += WG_SIZE) {
-        float v = x_in(xi, t, i);
+        float v = act[xi + i];
         ss = ss + v * v;
     }
     red[tid] = ss;

@@ -4,9 +4,8 @@
 //! merged in chunk order) computed two ways that give every row the same bytes:
 //!
 //! - the **split** path (small blocks: decode): one workgroup per (chunk, row tile, KV
-//!   head) writes each chunk's partials to the arena's partials region, and the last of
-//!   a tile's workgroups to finish (an atomic count per tile in the same region) merges
-//!   them, in the same dispatch;
+//!   head) writes each chunk's partials to the arena's partials region, then one
+//!   workgroup per (head, token) merges them;
 //! - the **fused** path (layer-major prefill): one workgroup per (row tile, KV head) runs
 //!   the chunks of its rows in order and merges each as it goes.
 //!
@@ -34,9 +33,9 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub const MAX_TILE_ROWS: usize = 32;
 
 /// Blocks of at most this many tokens take the split path. The partials region holds
-/// the tiles' counts and `min(max_rows, SPLIT_TOKENS) · heads · ⌈max_context / CHUNK⌉`
-/// records of `head_dim + 4` floats ([`AttentionShape::partial_floats`]), allocated once
-/// with the arena: 8.25 MiB for one token of Qwen3-30B-A3B's 32 heads of 128 at a 32768-position
+/// `min(max_rows, SPLIT_TOKENS) · heads · ⌈max_context / CHUNK⌉` records of
+/// `head_dim + 4` floats ([`AttentionShape::partial_floats`]), allocated once with the
+/// arena: 8.25 MiB for one token of Qwen3-30B-A3B's 32 heads of 128 at a 32768-position
 /// context, 130 MiB for Qwen3.5's 32 heads of 256 at 262144 positions.
 pub const SPLIT_TOKENS: usize = 1;
 
@@ -44,8 +43,10 @@ pub const SPLIT_TOKENS: usize = 1;
 pub struct AttentionKernels {
     /// Layer-major prefill: each workgroup runs its rows' chunks in order.
     pub fused: Kernel,
-    /// Decode: one workgroup per chunk writes the chunk's partials, and a tile's last
-    /// merges them; built per attention shape ([`AttentionKernels::split_for`]).
+    /// Decode: merges a row's partials in chunk order.
+    pub combine: Kernel,
+    /// Decode: one workgroup per chunk writes the chunk's partials; built per attention
+    /// shape ([`AttentionKernels::split_for`]).
     split: Mutex<Vec<(AttentionShape, Arc<Kernel>)>>,
     device: Arc<Device>,
     act: Arc<DescriptorSetLayout>,
@@ -57,6 +58,7 @@ impl AttentionKernels {
     pub(super) fn new(device: &Arc<Device>, act: &Arc<DescriptorSetLayout>) -> Result<Self, VulkanError> {
         Ok(AttentionKernels {
             fused: kernel(device, act, "attention", None)?,
+            combine: kernel(device, act, "attention_combine", None)?,
             split: Mutex::new(Vec::new()),
             device: device.clone(),
             act: act.clone(),
@@ -145,26 +147,7 @@ impl AttentionShape {
     /// Floats of the partials region for blocks of up to `max_rows` tokens and a
     /// `max_context` cache (0 when no block takes the split path).
     pub fn partial_floats(&self, max_rows: usize, max_context: usize) -> usize {
-        self.split_floats(max_rows.min(SPLIT_TOKENS), max_context)
-    }
-
-    /// Floats of the partials region of a split-path block of `tokens` tokens and a
-    /// `max_context` cache: the tiles' counts ([`AttentionShape::split_counts`]), then
-    /// `tokens · heads · ⌈max_context / CHUNK⌉` records of `head_dim + 4` floats.
-    pub fn split_floats(&self, tokens: usize, max_context: usize) -> usize {
-        let records = tokens * self.heads * Self::partial_chunks(max_context) * (self.head_dim + 4);
-        if records == 0 {
-            return 0;
-        }
-        self.split_counts(tokens) + records
-    }
-
-    /// Words at the start of a `tokens`-token block's partials region that count each
-    /// tile's finished workgroups (one per query head and token bounds the tiles, rounded
-    /// up to 4). They must be zero before the first split dispatch; each dispatch leaves
-    /// them zero.
-    pub fn split_counts(&self, tokens: usize) -> usize {
-        (tokens * self.heads).next_multiple_of(4)
+        max_rows.min(SPLIT_TOKENS) * self.heads * Self::partial_chunks(max_context) * (self.head_dim + 4)
     }
 }
 
@@ -187,8 +170,7 @@ pub struct AttentionArgs {
     pub pos_off: u32,
     /// Tokens.
     pub tokens: u32,
-    /// Activation offset of the partials region (a multiple of 4; its counts zero, see
-    /// [`AttentionShape::split_counts`]).
+    /// Activation offset of the partials region (a multiple of 4).
     pub part_off: u32,
     /// Chunk records per row in the partials region ([`AttentionShape::partial_chunks`]).
     pub part_chunks: u32,
@@ -244,6 +226,7 @@ impl AttentionArgs {
         }
         // A workgroup per chunk the cache can hold (those past the block's positions
         // return at once): the dispatch does not depend on the position.
-        rec.dispatch(&*k.split_for(s)?, Some(set), push, [self.part_chunks, tiles, s.kv_heads as u32])
+        rec.dispatch(&*k.split_for(s)?, Some(set), push, [self.part_chunks, tiles, s.kv_heads as u32])?;
+        rec.dispatch(&k.combine, None, push, [s.heads as u32, self.tokens, 1])
     }
 }

@@ -15,7 +15,7 @@ use vulkano::sync::GpuFuture;
 use super::allocator::ArenaRegistry;
 use super::arena::Arena;
 use super::attention::{AttentionArgs, AttentionShape};
-use super::buffers::{device_buffer, host_buffer, verr, zero};
+use super::buffers::{device_buffer, host_buffer, verr};
 use super::context::VulkanContext;
 use super::delta::MAX_KEY_DIM;
 use super::device_route::DeviceRoutes;
@@ -59,10 +59,6 @@ pub struct VulkanBackend {
     greedy_set: Arc<DescriptorSet>,
     /// The recording in progress.
     rec: Option<Recorder>,
-    /// A MoE combine not yet recorded: (rows, routing-weight offset). The norm of the
-    /// combined rows that follows it takes it into its own dispatch (the next layer's
-    /// input norm, or the final norm of a decode step); anything else records it first.
-    combine: Option<(u32, u32)>,
     /// A staging upload to run before `rec`.
     pub(super) transfer: Option<Arc<PrimaryAutoCommandBuffer>>,
     /// Work submitted but not waited for (staged batches of the current layer).
@@ -104,8 +100,6 @@ impl VulkanBackend {
         kernels.attention.split_for(AttentionShape::of(&c))?;
         let a = Arena::new(&model, m)?;
         let act = device_buffer::<f32>(&ctx, a.len as u64, BufferUsage::STORAGE_BUFFER)?;
-        // Zero, as the split attention kernel's counts must start.
-        zero(&ctx, act.clone().reinterpret())?;
         let weights = DeviceModel::upload(&ctx, &kernels, &model)?;
         let tier = VramTier::new(&ctx, &model, vram, weights.bytes() + act.size())?;
         let ex = ExpertState::new(&ctx, &model, m, arenas, tier)?;
@@ -139,7 +133,6 @@ impl VulkanBackend {
             io_greedy,
             greedy_set,
             rec: None,
-            combine: None,
             transfer: None,
             pending: None,
             logits: Vec::with_capacity(c.vocab_size),
@@ -179,8 +172,7 @@ impl VulkanBackend {
         self.ex.set_path(&self.ctx, &self.model, path)
     }
 
-    /// The recording in progress (started on first use), with a pending MoE combine
-    /// recorded first.
+    /// The recording in progress (started on first use).
     pub(super) fn rec(&mut self) -> Result<&mut Recorder, VulkanError> {
         if self.rec.is_none() {
             let mut rec =
@@ -189,42 +181,7 @@ impl VulkanBackend {
             rec.timer = self.timer.clone();
             self.rec = Some(rec);
         }
-        let rec = self.rec.as_mut().expect("just started");
-        if let Some((rows, w_off)) = self.combine.take() {
-            let (h, k) = (self.model.cfg.hidden_size as u32, self.model.cfg.num_experts_per_tok as u32);
-            let push = [h, k, self.a.yk, self.a.at(Plane::X), w_off];
-            rec.dispatch(&self.kernels.accumulate, None, push, [h.div_ceil(256), rows, 1])?;
-        }
-        Ok(rec)
-    }
-
-    /// RMSNorm of `rows` rows of `n` floats at arena offset `in_off` (`n` apart) into
-    /// `out_off` (`out_stride` apart) with the weights bound in `set`. Where those rows are
-    /// the ones a pending MoE combine writes (plane X from row 0), one dispatch does both
-    /// (`accumulate_rmsnorm`: the same bytes as the two).
-    fn norm(
-        &mut self,
-        set: Arc<DescriptorSet>,
-        n: u32,
-        rows: u32,
-        in_off: u32,
-        out_off: u32,
-        out_stride: u32,
-    ) -> Result<(), VulkanError> {
-        let (a, c) = (self.a, &self.model.cfg);
-        let (h, eps) = (c.hidden_size as u32, c.rms_norm_eps);
-        let in_stride = n;
-        let combined = (in_off, n) == (a.at(Plane::X), h) && out_off != in_off;
-        match self.combine.filter(|&(r, _)| combined && r == rows) {
-            Some((_, w_off)) => {
-                self.combine = None;
-                let k = c.num_experts_per_tok as u32;
-                let push = [n, in_off, in_stride, out_off, out_stride, eps.to_bits(), k, a.yk, w_off];
-                let kernel = self.kernels.accumulate_rmsnorm.clone();
-                self.rec()?.dispatch(&kernel, Some(set), push, [1, rows, 1])
-            }
-            None => self.rec()?.rmsnorm(set, n, rows, in_off, in_stride, out_off, out_stride, eps),
-        }
+        Ok(self.rec.as_mut().expect("just started"))
     }
 
     /// Submits the recording after the work still in flight and, where one is pending,
@@ -315,12 +272,13 @@ impl VulkanBackend {
     }
 
     /// Records the MoE combine of `rows` rows, the routing weights at `w_off` of the
-    /// routing buffer: held back (see `combine`) until the next recording, which it
-    /// precedes unless it is the norm of the combined rows.
+    /// routing buffer.
     pub(super) fn record_combine(&mut self, rows: usize, w_off: u32) -> Result<(), ForwardError> {
-        self.rec()?;
-        self.combine = Some((rows as u32, w_off));
-        Ok(())
+        let (h, k) = (self.model.cfg.hidden_size as u32, self.model.cfg.num_experts_per_tok as u32);
+        let a = self.a;
+        let kacc = self.kernels.accumulate.clone();
+        let push = [h, k, a.yk, a.at(Plane::X), w_off];
+        Ok(self.rec()?.dispatch(&kacc, None, push, [h.div_ceil(256), rows as u32, 1])?)
     }
 
     /// Matmul arguments reading plane `src` and writing plane `dst` for `rows` rows.
@@ -398,9 +356,9 @@ impl Backend for VulkanBackend {
 
     fn rmsnorm(&mut self, w: &TensorRef, src: Plane, dst: Plane, rows: usize) -> Result<(), ForwardError> {
         let set = self.weights.vector(w)?.1.clone();
-        let a = self.a;
+        let (a, eps) = (self.a, self.model.cfg.rms_norm_eps);
         let n = a.width(src);
-        Ok(self.norm(set, n, rows as u32, a.at(src), a.at(dst), a.width(dst))?)
+        Ok(self.rec()?.rmsnorm(set, n, rows as u32, a.at(src), n, a.at(dst), a.width(dst), eps)?)
     }
 
     fn project(
@@ -628,11 +586,11 @@ impl Backend for VulkanBackend {
 
     fn lm_head(&mut self, norm: &TensorRef, lm_head: &TensorRef, row: usize) -> Result<(), ForwardError> {
         let c = &self.model.cfg;
-        let (h, vocab) = (c.hidden_size as u32, c.vocab_size);
+        let (h, vocab, eps) = (c.hidden_size as u32, c.vocab_size, c.rms_norm_eps);
         let a = self.a;
         let set = self.weights.vector(norm)?.1.clone();
         let last = a.at(Plane::X) + row as u32 * h;
-        self.norm(set, h, 1, last, a.at(Plane::Xn), h)?;
+        self.rec()?.rmsnorm(set, h, 1, last, h, a.at(Plane::Xn), h, eps)?;
         let args = MatmulArgs { out_off: a.logits, out_stride: 0, ..self.args(Plane::Xn, Plane::Xn, 1) };
         let rec = self.rec.as_mut().expect("started");
         self.weights.matrix(lm_head)?.record(rec, args, false)?;
@@ -662,7 +620,6 @@ impl Backend for VulkanBackend {
 
     fn abandon(&mut self) {
         self.rec = None;
-        self.combine = None;
         self.transfer = None;
         // Dropping the work in flight waits for it, so no kernel or upload still reads a
         // blob whose handle goes next.

@@ -104,25 +104,6 @@ pub fn upload(ctx: &VulkanContext, dst: &Subbuffer<[u8]>, bytes: &[u8]) -> Resul
     Ok(())
 }
 
-/// Fills `dst` with zero bytes (start-up only: it waits for the fill).
-pub fn zero(ctx: &VulkanContext, dst: Subbuffer<[u32]>) -> Result<(), VulkanError> {
-    let mut cb = AutoCommandBufferBuilder::primary(
-        ctx.commands.clone(),
-        ctx.compute.queue_family_index(),
-        CommandBufferUsage::OneTimeSubmit,
-    )
-    .map_err(verr("recording a fill"))?;
-    cb.fill_buffer(dst, 0).map_err(verr("recording a fill"))?;
-    let cb = cb.build().map_err(verr("recording a fill"))?;
-    vulkano::sync::now(ctx.device.clone())
-        .then_execute(ctx.compute.clone(), cb)
-        .map_err(verr("submitting a fill"))?
-        .then_signal_fence_and_flush()
-        .map_err(verr("submitting a fill"))?
-        .wait(None)
-        .map_err(verr("waiting for a fill"))
-}
-
 /// A device-local f32 vector initialised from `data`.
 pub fn upload_f32(ctx: &VulkanContext, data: &[f32]) -> Result<Subbuffer<[u8]>, VulkanError> {
     let buf = device_buffer::<u8>(ctx, (data.len() * 4) as u64, BufferUsage::STORAGE_BUFFER)?;

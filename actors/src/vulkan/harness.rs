@@ -11,9 +11,7 @@ use vulkano::descriptor_set::WriteDescriptorSet;
 use vulkano::sync::GpuFuture;
 
 pub use super::attention::{AttentionArgs, AttentionKernels, AttentionShape};
-use super::buffers::{
-    device_buffer, host_buffer, upload, upload_buffer, upload_f32, verr, zero, DeviceWeight,
-};
+use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
 pub use super::delta::{DeltaArgs, DeltaKernels};
 pub use super::pipelines::MatmulTuning;
@@ -88,8 +86,6 @@ impl KernelHarness {
     ) -> Result<Self, VulkanError> {
         let kernels = Arc::new(Kernels::new(&ctx.device, tuning)?);
         let act = device_buffer::<f32>(&ctx, act_len as u64, BufferUsage::STORAGE_BUFFER)?;
-        // Zero, as the backend's: the split attention kernel's counts must start so.
-        zero(&ctx, act.clone().reinterpret())?;
         let route = upload_buffer::<u32>(&ctx, route_len as u64, BufferUsage::STORAGE_BUFFER)?;
         let act_set = act_set(&ctx, &kernels, &act, &route)?;
         let read_bandwidth = kernel(&ctx.device, &kernels.act_layout, "read_bandwidth", None)?;
@@ -344,39 +340,6 @@ impl KernelHarness {
     ) -> Result<Duration, VulkanError> {
         self.write_act(a.pos_off as usize, &[f32::from_bits(a.start)])?;
         self.run(|r| a.record(r, &self.kernels.attention, set.clone(), split), reps)
-    }
-
-    /// The MoE combine of `rows` rows of `h` floats (`accumulate`: plane x at `x_off`
-    /// plus each row's `k` expert outputs at `y_off`, weighted by the routing floats from
-    /// word `w_off` of the routing buffer), then the RMSNorm of the combined rows with
-    /// weights `norm` into `out_off`: as the two kernels, or (`fused`) as the one
-    /// dispatch the backend records for a combine and the norm after it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn combine_norm(
-        &self,
-        [h, k, rows]: [u32; 3],
-        x_off: u32,
-        y_off: u32,
-        w_off: u32,
-        norm: &[f32],
-        out_off: u32,
-        fused: bool,
-    ) -> Result<(), VulkanError> {
-        let kn = &self.kernels;
-        let eps = 1e-6f32.to_bits();
-        let set = set0(&self.ctx, &kn.rmsnorm, &[upload_f32(&self.ctx, norm)?])?;
-        self.run(
-            |r| {
-                if fused {
-                    let push = [h, x_off, h, out_off, h, eps, k, y_off, w_off];
-                    return r.dispatch(&kn.accumulate_rmsnorm, Some(set.clone()), push, [1, rows, 1]);
-                }
-                r.dispatch(&kn.accumulate, None, [h, k, y_off, x_off, w_off], [h.div_ceil(256), rows, 1])?;
-                r.rmsnorm(set.clone(), h, rows, x_off, h, out_off, h, f32::from_bits(eps))
-            },
-            1,
-        )?;
-        Ok(())
     }
 
     /// Reads a device buffer of floats back.

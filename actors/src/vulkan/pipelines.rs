@@ -130,8 +130,6 @@ pub struct Kernels {
     pub attention: super::attention::AttentionKernels,
     /// Weighted MoE combine with the residual add.
     pub accumulate: Kernel,
-    /// `accumulate` and the next `rmsnorm` of the combined rows in one dispatch.
-    pub accumulate_rmsnorm: Kernel,
     /// The router's softmax and top-k ranking of each token.
     pub route: Kernel,
     /// The ranking of a device-routed decode step, with its expert tables.
@@ -257,7 +255,6 @@ impl Kernels {
             qk_rope: k("qk_rope")?,
             attention: super::attention::AttentionKernels::new(device, &act_layout)?,
             accumulate: k("accumulate")?,
-            accumulate_rmsnorm: k("accumulate_rmsnorm")?,
             route: k("route")?,
             route_table: k("route_table")?,
             argmax: k("argmax")?,
