@@ -16,8 +16,8 @@ const SHAPE: AttentionShape = AttentionShape { heads: 32, kv_heads: 4, head_dim:
 const LAYERS: usize = 8;
 
 /// `vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...]`: decode at each CONTEXT
-/// (default 512 and 4096) and prefill of PREFILL_TOKENS (default 512) from position 0;
-/// smaller sizes keep a CPU driver (lavapipe) quick.
+/// (default 512 and 4096) and prefill of PREFILL_TOKENS (default 512; 0: none) from
+/// position 0; smaller sizes keep a CPU driver (lavapipe) quick.
 pub fn attention(device: usize, prefill: usize, contexts: &[usize]) {
     let ctx = VulkanContext::new(device).expect("device");
     println!("device: {} ({})", ctx.info.name, ctx.info.driver);
@@ -25,10 +25,12 @@ pub fn attention(device: usize, prefill: usize, contexts: &[usize]) {
     let (qd, kvd) = (sh.heads * sh.head_dim, sh.kv_heads * sh.head_dim);
     let capacity = contexts.iter().copied().max().unwrap_or(0).max(prefill);
     let chunks = AttentionShape::partial_chunks(capacity);
-    let (out, part) = (prefill * qd, 2 * prefill * qd);
+    // Query and output rows for the larger of the prefill block and a decode step.
+    let rows = prefill.max(1);
+    let (out, part) = (rows * qd, 2 * rows * qd);
     let pos = part + sh.partial_floats(1, capacity);
     let h = KernelHarness::new(ctx.clone(), pos + 4, 16).expect("harness");
-    h.write_act(0, &fill(prefill * qd, 3)).expect("queries");
+    h.write_act(0, &fill(rows * qd, 3)).expect("queries");
     let sets: Vec<_> = (0..LAYERS as u64)
         .map(|l| {
             let (k, v) = (fill(capacity * kvd, 10 + 2 * l), fill(capacity * kvd, 11 + 2 * l));
