@@ -44,8 +44,13 @@ pub struct MatmulTuning {
     pub lanes: u32,
     /// Rows per lane group of the m=1 kernels (1..=4).
     pub rows_m1: u32,
-    /// Weight chunks each lane loads before using them (1..=8).
+    /// Weight chunks each lane loads before using them (1..=8): the m=1 expert kernels
+    /// and wide matvec (an LM head), and at most 2 of them the batched kernels.
     pub unroll: u32,
+    /// The same for the m=1 dense matvec (1..=8): a layer's q/k/v, output projection
+    /// and router. The slice kernels (Q4_K, Q5_K, Q6_K) take one slice at a time
+    /// whatever either says.
+    pub unroll_dense: u32,
     /// Rows per lane group of the m=1 expert down projection (1..=4): its rows are short
     /// (the expert intermediate size), so more of them per workgroup keep a token's
     /// experts in one wave of workgroups.
@@ -58,9 +63,13 @@ impl Default for MatmulTuning {
     /// small-matvec floor on the H200, within 0.5 us of the best on the q_proj-sized
     /// matvec and 3% on the LM head; 4 rows per lane group gave the fastest expert down
     /// projection (9.9-10.0 us against 10.6-10.7 us for 1 row)
-    /// (`bench/results/vulkan-h200-kernels-2026-11-29d.txt`, `-29e.txt`).
+    /// (`bench/results/vulkan-h200-kernels-2026-11-29d.txt`, `-29e.txt`). Two chunks in
+    /// the dense m=1 matvec alone took resident greedy decode of the 3-layer bf16 q30
+    /// synth from 1,641-1,664 to 1,705-1,719 tok/s (means of two runs of 3 and 5
+    /// interleaved rounds; 4 and 8 chunks no faster), where two everywhere had been level
+    /// (`bench/results/gpu-decode-unroll-prefetch-h200-2026-12-02.txt`).
     fn default() -> Self {
-        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, rows_down: 4 }
+        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4 }
     }
 }
 
@@ -223,6 +232,7 @@ impl Kernels {
             || !(1..=4).contains(&t.rows_m1)
             || !(1..=4).contains(&t.rows_down)
             || !(1..=8).contains(&t.unroll)
+            || !(1..=8).contains(&t.unroll_dense)
         {
             return Err(VulkanError::Unsupported(format!("matmul tuning {t:?}")));
         }
@@ -277,7 +287,7 @@ impl Kernels {
         };
         // The batched kernels hold 8 tokens' accumulators: one row per lane group.
         let built = TypedKernels {
-            matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll, M1_WG)?,
+            matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll_dense, M1_WG)?,
             matvec_wide: build(format!("matvec_{ty}"), 2, t.unroll, M1_WG)?,
             matmul: build(format!("matmul_{ty}"), 1, t.unroll.min(2), WG_SIZE)?,
             gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll, M1_WG)?,

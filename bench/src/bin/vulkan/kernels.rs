@@ -88,11 +88,12 @@ pub fn report(what: &str, secs: f64, bytes: f64) {
 }
 
 /// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll, rows per
-/// lane group of the expert down projection).
-pub const TUNINGS: &[Tuning] = &[(32, 1, 1, 4), (32, 1, 1, 1), (32, 2, 2, 2), (32, 2, 1, 4)];
+/// lane group of the expert down projection, unroll of the dense matvec).
+pub const TUNINGS: &[Tuning] = &[(32, 1, 1, 4, 2), (32, 1, 1, 1, 1), (32, 2, 2, 2, 2), (32, 2, 1, 4, 1)];
 
-/// A matmul tuning as the command line gives it: (lanes, rows, unroll, rows_down).
-pub type Tuning = (u32, u32, u32, u32);
+/// A matmul tuning as the command line gives it: (lanes, rows, unroll, rows_down,
+/// unroll_dense).
+pub type Tuning = (u32, u32, u32, u32, u32);
 
 /// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
 /// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes
@@ -151,8 +152,8 @@ pub fn kernels(device: usize, tunings: &[Tuning], types: &[DType], shape: &Shape
     let Shape { hidden: hid, inter, .. } = *shape;
     println!("shape: {} (hidden {hid}, expert intermediate {inter})", shape.name);
     let (k, n_exp, tokens) = (8usize, 48usize, 64usize);
-    for (ti, &(lanes, rows_m1, unroll, rows_down)) in tunings.iter().enumerate() {
-        let tuning = MatmulTuning { lanes, rows_m1, unroll, rows_down };
+    for (ti, &(lanes, rows_m1, unroll, rows_down, unroll_dense)) in tunings.iter().enumerate() {
+        let tuning = MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down };
         println!("== tuning {tuning:?}");
         let h = KernelHarness::with_tuning(ctx.clone(), 32 << 20, 1 << 16, tuning).expect("harness");
         if ti == 0 {

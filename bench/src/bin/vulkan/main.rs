@@ -1,6 +1,6 @@
 //! Vulkan backend measurements.
 //!
-//! `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] [SHAPE]`:
+//! `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...] [SHAPE]`:
 //! per-kernel figures at a model's expert shape (`SHAPES`: Qwen3-30B-A3B by default,
 //! hidden 2048, expert intermediate 768; `qwen3-235b-a22b`: 4096, 1536; 8 experts per
 //! token) for each matmul tuning given (else those in `TUNINGS`) and each weight type
@@ -22,7 +22,7 @@
 //! each CONTEXT (default 512 and 4096) and a prefill block of PREFILL_TOKENS (default 512)
 //! from position 0, in µs per layer and GB/s of K+V read (GFLOP/s for prefill).
 //!
-//! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...]`: what the driver reports
+//! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...]`: what the driver reports
 //! about each compiled matmul-family kernel (registers, spill/local memory, shared
 //! memory, ... as the driver names them) through VK_KHR_pipeline_executable_properties, for the default
 //! tuning and any given ones, specialised as the backend specialises them. vulkano does
@@ -45,6 +45,7 @@ mod kernels;
 mod stats;
 
 use kernels::{kernels, Tuning, SHAPES, TUNINGS, TYPES};
+use smoe_actors::vulkan::harness::MatmulTuning;
 use smoe_proto::DType;
 
 /// Prints `error: MSG` and ends the program with status `code`.
@@ -59,18 +60,23 @@ fn parse_types(args: &[String]) -> Vec<DType> {
 }
 
 /// Tunings given after the device (`args[2..]`, besides weight types):
-/// LANES,ROWS,UNROLL[,ROWS_DOWN] each (ROWS_DOWN defaults to ROWS); a malformed one ends
-/// the program with status 2.
+/// LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] each (ROWS_DOWN defaults to ROWS,
+/// UNROLL_DENSE to the backend's default); a malformed one ends the program with status 2.
 fn parse_tunings(args: &[String]) -> Vec<Tuning> {
+    let dense = MatmulTuning::default().unroll_dense;
     args.iter()
         .skip(2)
         .filter(|t| DType::from_name(t).is_none() && !SHAPES.iter().any(|s| s.name == t.as_str()))
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
             match v.as_deref() {
-                Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows),
-                Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down),
-                _ => fail(2, format!("tuning `{t}` is not LANES,ROWS,UNROLL[,ROWS_DOWN] (numbers)")),
+                Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows, dense),
+                Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down, dense),
+                Ok(&[lanes, rows, unroll, rows_down, u]) => (lanes, rows, unroll, rows_down, u),
+                _ => fail(
+                    2,
+                    format!("tuning `{t}` is not LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] (numbers)"),
+                ),
             }
         })
         .collect()
@@ -115,7 +121,7 @@ fn main() {
         _ => {
             let shapes: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
                 shapes.join("|")
             );
             std::process::exit(2);

@@ -171,8 +171,8 @@ pub fn stats(device: usize, extra: &[Tuning]) {
     );
     let d = MatmulTuning::default();
     let mut tunings = vec![d];
-    for &(lanes, rows_m1, unroll, rows_down) in extra {
-        let t = MatmulTuning { lanes, rows_m1, unroll, rows_down };
+    for &(lanes, rows_m1, unroll, rows_down, unroll_dense) in extra {
+        let t = MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down };
         if !tunings.contains(&t) {
             tunings.push(t);
         }
