@@ -64,9 +64,9 @@ impl Default for MatmulTuning {
     /// matvec and 3% on the LM head; 4 rows per lane group gave the fastest expert down
     /// projection (9.9-10.0 us against 10.6-10.7 us for 1 row)
     /// (`bench/results/vulkan-h200-kernels-2026-11-29d.txt`, `-29e.txt`). Two chunks in
-    /// the dense m=1 matvec alone took resident greedy decode of the 3-layer bf16 q30
-    /// synth from 1,641-1,664 to 1,705-1,719 tok/s (means of two runs of 3 and 5
-    /// interleaved rounds; 4 and 8 chunks no faster), where two everywhere had been level
+    /// the dense m=1 matvec alone made resident greedy decode of the 3-layer bf16 q30
+    /// synth 1-4% faster in three runs (means 1,641-1,687 -> 1,703-1,719 tok/s; 4 and 8
+    /// chunks no faster), where two everywhere had been level
     /// (`bench/results/gpu-decode-unroll-prefetch-h200-2026-12-02.txt`).
     fn default() -> Self {
         MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4 }
