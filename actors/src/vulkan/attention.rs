@@ -19,7 +19,7 @@ use vulkano::descriptor_set::layout::DescriptorSetLayout;
 use vulkano::descriptor_set::DescriptorSet;
 use vulkano::device::Device;
 
-use super::pipelines::{kernel, Kernel};
+use super::pipelines::{kernel, Kernel, Spec};
 use super::record::Recorder;
 use super::VulkanError;
 
@@ -82,7 +82,8 @@ impl AttentionKernels {
             rows.div_ceil(4),
             rows.div_ceil(shape.pv_pass_rows()),
         ];
-        let k = Arc::new(kernel(&self.device, &self.act, "attention_split", Some(spec.map(|v| v as u32)))?);
+        let spec = Spec::Attention(spec.map(|v| v as u32));
+        let k = Arc::new(kernel(&self.device, &self.act, "attention_split", Some(spec))?);
         built.push((shape, k.clone()));
         Ok(k)
     }

@@ -78,21 +78,52 @@ impl Default for MatmulTuning {
 pub struct Kernel {
     /// The SPIR-V module it was built from (`shaders/shaders.txt`).
     pub module: String,
-    /// Its specialization constants: for the matmul kernels rows per lane group, unroll,
-    /// lanes and invocations per workgroup; for the split attention kernel its shape
-    /// ([`super::attention::AttentionKernels::split_for`]).
-    pub spec: Option<[u32; 4]>,
+    /// What it was specialised for, if anything.
+    pub spec: Option<Spec>,
     /// The compute pipeline.
     pub pipeline: Arc<ComputePipeline>,
     /// Its layout (set 0: the kernel's weights or caches; set 1: activations).
     pub layout: Arc<PipelineLayout>,
 }
 
+/// A kernel's specialization constants 0 to 3, by what they mean.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spec {
+    /// A matmul-family kernel (`shaders/matmul.comp`): rows per lane group, chunks each
+    /// lane loads ahead, lanes per row, invocations per workgroup.
+    Matmul {
+        /// Rows per lane group.
+        rows: u32,
+        /// Weight chunks each lane loads before using them.
+        unroll: u32,
+        /// Lanes that split one dot product.
+        lanes: u32,
+        /// Invocations per workgroup.
+        wg: u32,
+    },
+    /// The split attention kernel's shape (`shaders/attention.comp`'s `HD`, `GQ`, `SR`,
+    /// `PR`; [`super::attention::AttentionKernels::split_for`]).
+    Attention([u32; 4]),
+}
+
+impl Spec {
+    /// The constants with ids 0 to 3.
+    pub fn constants(&self) -> [u32; 4] {
+        match *self {
+            Spec::Matmul { rows, unroll, lanes, wg } => [rows, unroll, lanes, wg],
+            Spec::Attention(c) => c,
+        }
+    }
+}
+
 impl Kernel {
     /// Output rows one workgroup computes: lane groups × rows per lane group for the
     /// matmul kernels, 1 for the others.
     pub fn rows_per_wg(&self) -> u32 {
-        self.spec.map_or(1, |[rows, _, lanes, wg]| wg / lanes * rows)
+        match self.spec {
+            Some(Spec::Matmul { rows, lanes, wg, .. }) => wg / lanes * rows,
+            _ => 1,
+        }
     }
 
     /// Layout of the kernel's own descriptor set (set 0).
@@ -169,21 +200,20 @@ fn verr(what: &str) -> impl Fn(&dyn std::fmt::Display) -> VulkanError + '_ {
     move |e| VulkanError::Vulkan(format!("{what}: {e}"))
 }
 
-/// Builds kernel `name`; `spec` = (rows per lane group, unroll, lanes, invocations per
-/// workgroup) for matmul kernels.
+/// Builds kernel `name`, specialised as `spec` says.
 pub(crate) fn kernel(
     device: &Arc<Device>,
     act: &Arc<DescriptorSetLayout>,
     name: &str,
-    spec: Option<[u32; 4]>,
+    spec: Option<Spec>,
 ) -> Result<Kernel, VulkanError> {
     let words = spirv(name)?;
     // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders.
     let module = unsafe { ShaderModule::new(device.clone(), ShaderModuleCreateInfo::new(&words)) }
         .map_err(|e| verr(name)(&e))?;
-    let constants = spec.iter().flat_map(|v| v.iter().enumerate());
+    let constants = spec.iter().flat_map(|v| v.constants().into_iter().enumerate());
     let entry = module
-        .specialize(constants.map(|(i, &c)| (i as u32, SpecializationConstant::U32(c))).collect())
+        .specialize(constants.map(|(i, c)| (i as u32, SpecializationConstant::U32(c))).collect())
         .map_err(|e| verr(name)(&e))?
         .entry_point("main")
         .ok_or_else(|| VulkanError::Vulkan(format!("shader `{name}` has no main")))?;
@@ -283,7 +313,12 @@ impl Kernels {
         }
         let (t, ty) = (self.tuning, dtype.name());
         let build = |name: String, rows: u32, unroll: u32, wg: u32| {
-            kernel(&self.device, &self.act_layout, &name, Some([rows, unroll, t.lanes, wg]))
+            kernel(
+                &self.device,
+                &self.act_layout,
+                &name,
+                Some(Spec::Matmul { rows, unroll, lanes: t.lanes, wg }),
+            )
         };
         // The batched kernels hold 8 tokens' accumulators: one row per lane group.
         let built = TypedKernels {

@@ -9,7 +9,7 @@ use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
 use vulkano::VulkanObject;
 
 use smoe_actors::vulkan::harness::MatmulTuning;
-use smoe_actors::vulkan::{spirv, Kernel, Kernels, TypedKernels, VulkanContext};
+use smoe_actors::vulkan::{spirv, Kernel, Kernels, Spec, TypedKernels, VulkanContext};
 
 use crate::fail;
 use crate::kernels::{Tuning, TYPES};
@@ -202,7 +202,10 @@ pub fn stats(device: usize, extra: &[Tuning]) {
         ];
         for (role, kernel) in all.iter().flat_map(|(role, ks)| ks.iter().map(move |k| (role, k))) {
             let name = &kernel.module;
-            let spec = kernel.spec.unwrap_or_else(|| fail(1, format!("{name} has no matmul specialization")));
+            let Some(spec @ Spec::Matmul { .. }) = kernel.spec else {
+                fail(1, format!("{name} has no matmul specialization"))
+            };
+            let spec = spec.constants();
             let words = spirv(name).unwrap_or_else(|e| fail(1, e.to_string()));
             // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders,
             // the modules `Kernels::new` loads.
