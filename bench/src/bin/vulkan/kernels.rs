@@ -117,6 +117,28 @@ fn read_ceilings(h: &KernelHarness, max_range: u64) {
     let mut one = h.read_all(&w, 1, 0).expect("read");
     let secs = time(h, |r| (0..16).try_for_each(|_| one(r))) / 16.0;
     println!("dispatch floor (16-byte read, chained): {:.1} us", secs * 1e6);
+    // What a switch of kernel costs in a chain (a decode step switches at every dispatch):
+    // 16-row matvecs chained with themselves, bf16 or f32 weights, against the two
+    // alternating (two pipelines).
+    let cols = 2048;
+    let ws = [DType::Bf16, DType::F32].map(|d| upload(h, 16, cols, 11, d, false));
+    let a = MatmulArgs {
+        rows: 16,
+        cols: cols as u32,
+        m: 1,
+        x_stride: cols as u32,
+        out_off: cols as u32,
+        out_stride: 16,
+        ..Default::default()
+    };
+    for (label, pick) in [("bf16 only", [0, 0]), ("f32 only", [1, 1]), ("bf16 and f32 alternating", [0, 1])] {
+        let secs = time(h, |r| {
+            (0..8).try_for_each(|_| {
+                pick.iter().try_for_each(|&i| r.matmul(Projection::Dense, ws[i].dtype, false, ws[i].set(), a))
+            })
+        }) / 16.0;
+        println!("dispatch floor (16x{cols} matvec, chained, {label}): {:.1} us", secs * 1e6);
+    }
 }
 
 /// A model's expert shape, as `vulkan kernels` measures it.
