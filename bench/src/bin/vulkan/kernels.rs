@@ -161,7 +161,7 @@ pub const SHAPES: &[Shape] = &[
 /// of bf16/f32 vaults and the two formats of a Q4_K_M vault's experts.
 pub const TYPES: &[DType] = &[DType::Bf16, DType::F32, DType::Q4K, DType::Q6K];
 
-/// `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL ...]`: prints every figure for
+/// `vulkan kernels [DEVICE] [TYPE ...] [TUNING ...] [SHAPE]`: prints every figure for
 /// each of `tunings` and weight `types` (see the program's documentation).
 pub fn kernels(device: usize, tunings: &[Tuning], types: &[DType], shape: &Shape) {
     let ctx = VulkanContext::new(device).expect("device");

@@ -6,9 +6,9 @@
 //! token) for each matmul tuning given (else those in `TUNINGS`) and each weight type
 //! named (`bf16`, `q4_k`, ...; else those in `TYPES`; block formats hold reference-quantised
 //! weights and their GB/s count quantised bytes): the memory-read ceiling and the
-//! chained-dispatch floor; achieved GB/s of the m=1 expert FFN (a token's 8 experts in
-//! one gate/up + SiLU and one down dispatch, as the executor records them, and each half
-//! alone) and of the m=1 dense matvec, with weights in device-local memory and (first
+//! chained-dispatch floor (also with a change of kernel at every dispatch); achieved GB/s
+//! of the m=1 expert FFN (a token's 8 experts in one gate/up + SiLU and one down dispatch,
+//! as the executor records them, and each half alone) and of the m=1 dense matvec, with weights in device-local memory and (first
 //! tuning) in host-visible memory where ring slots live, and with the routing data in
 //! host memory; and GFLOP/s of the batched expert FFN at 64 tokens per expert. Enough
 //! distinct weights are cycled that the L2 cache does not hold them.
@@ -19,8 +19,8 @@
 //!
 //! `vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...]`: the attention kernels at
 //! Qwen3-30B-A3B's shape (32 query heads, 4 KV heads, head_dim 128): the decode step at
-//! each CONTEXT (default 512 and 4096) and a prefill block of PREFILL_TOKENS (default 512)
-//! from position 0, in µs per layer and GB/s of K+V read (GFLOP/s for prefill).
+//! each CONTEXT (default 512 and 4096) and a prefill block of PREFILL_TOKENS (default 512;
+//! 0: none) from position 0, in µs per layer and GB/s of K+V read (GFLOP/s for prefill).
 //!
 //! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...]`: what the driver reports
 //! about each compiled matmul-family kernel (registers, spill/local memory, shared
