@@ -87,13 +87,16 @@ pub fn report(what: &str, secs: f64, bytes: f64) {
     );
 }
 
-/// The tunings `vulkan kernels` compares: (lanes, rows per lane group, unroll, rows per
-/// lane group of the expert down projection, unroll of the dense matvec).
-pub const TUNINGS: &[Tuning] = &[(32, 1, 1, 4, 2), (32, 1, 1, 1, 1), (32, 2, 2, 2, 2), (32, 2, 1, 4, 1)];
+/// The tunings `vulkan kernels` compares (the backend's default first).
+pub const TUNINGS: &[MatmulTuning] = &[
+    MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4 },
+    MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 1, rows_down: 1 },
+    MatmulTuning { lanes: 32, rows_m1: 2, unroll: 2, unroll_dense: 2, rows_down: 2 },
+    MatmulTuning { lanes: 32, rows_m1: 2, unroll: 1, unroll_dense: 1, rows_down: 4 },
+];
 
-/// A matmul tuning as the command line gives it: (lanes, rows, unroll, rows_down,
-/// unroll_dense).
-pub type Tuning = (u32, u32, u32, u32, u32);
+/// How the command line writes a tuning.
+pub const TUNING_SYNTAX: &str = "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]]";
 
 /// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
 /// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes
@@ -163,7 +166,7 @@ pub const TYPES: &[DType] = &[DType::Bf16, DType::F32, DType::Q4K, DType::Q6K];
 
 /// `vulkan kernels [DEVICE] [TYPE ...] [TUNING ...] [SHAPE]`: prints every figure for
 /// each of `tunings` and weight `types` (see the program's documentation).
-pub fn kernels(device: usize, tunings: &[Tuning], types: &[DType], shape: &Shape) {
+pub fn kernels(device: usize, tunings: &[MatmulTuning], types: &[DType], shape: &Shape) {
     let ctx = VulkanContext::new(device).expect("device");
     println!(
         "device: {} ({}, Vulkan {}, subgroup {:?})",
@@ -174,8 +177,7 @@ pub fn kernels(device: usize, tunings: &[Tuning], types: &[DType], shape: &Shape
     let Shape { hidden: hid, inter, .. } = *shape;
     println!("shape: {} (hidden {hid}, expert intermediate {inter})", shape.name);
     let (k, n_exp, tokens) = (8usize, 48usize, 64usize);
-    for (ti, &(lanes, rows_m1, unroll, rows_down, unroll_dense)) in tunings.iter().enumerate() {
-        let tuning = MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down };
+    for (ti, &tuning) in tunings.iter().enumerate() {
         println!("== tuning {tuning:?}");
         let h = KernelHarness::with_tuning(ctx.clone(), 32 << 20, 1 << 16, tuning).expect("harness");
         if ti == 0 {

@@ -1,17 +1,18 @@
 //! Vulkan backend measurements.
 //!
-//! `vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...] [SHAPE]`:
-//! per-kernel figures at a model's expert shape (`SHAPES`: Qwen3-30B-A3B by default,
-//! hidden 2048, expert intermediate 768; `qwen3-235b-a22b`: 4096, 1536; 8 experts per
-//! token) for each matmul tuning given (else those in `TUNINGS`) and each weight type
-//! named (`bf16`, `q4_k`, ...; else those in `TYPES`; block formats hold reference-quantised
-//! weights and their GB/s count quantised bytes): the memory-read ceiling and the
-//! chained-dispatch floor (also with a change of kernel at every dispatch); achieved GB/s
-//! of the m=1 expert FFN (a token's 8 experts in one gate/up + SiLU and one down dispatch,
-//! as the executor records them, and each half alone) and of the m=1 dense matvec, with weights in device-local memory and (first
-//! tuning) in host-visible memory where ring slots live, and with the routing data in
-//! host memory; and GFLOP/s of the batched expert FFN at 64 tokens per expert. Enough
-//! distinct weights are cycled that the L2 cache does not hold them.
+//! `vulkan kernels [DEVICE] [TYPE ...] [TUNING ...] [SHAPE]`: per-kernel figures at a
+//! model's expert shape (`SHAPES`: Qwen3-30B-A3B by default, hidden 2048, expert
+//! intermediate 768; `qwen3-235b-a22b`: 4096, 1536; 8 experts per token) for each matmul
+//! tuning given (`LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]]`; else those in `TUNINGS`)
+//! and each weight type named (`bf16`, `q4_k`, ...; else those in `TYPES`; block formats
+//! hold reference-quantised weights and their GB/s count quantised bytes): the memory-read
+//! ceiling and the chained-dispatch floor (also with a change of kernel at every
+//! dispatch); achieved GB/s of the m=1 expert FFN (a token's 8 experts in one gate/up +
+//! SiLU and one down dispatch, as the executor records them, and each half alone) and of
+//! the m=1 dense matvec, with weights in device-local memory and (first tuning) in
+//! host-visible memory where ring slots live, and with the routing data in host memory;
+//! and GFLOP/s of the batched expert FFN at 64 tokens per expert. Enough distinct weights
+//! are cycled that the L2 cache does not hold them.
 //!
 //! `vulkan delta [DEVICE]`: the gated delta rule's step and its batched sibling (64 and
 //! 512 rows) at Qwen3.5-397B-A17B's and Qwen3-Next-80B-A3B's DeltaNet shapes, in GB/s of
@@ -22,7 +23,7 @@
 //! each CONTEXT (default 512 and 4096) and a prefill block of PREFILL_TOKENS (default 512;
 //! 0: none) from position 0, in µs per layer and GB/s of K+V read (GFLOP/s for prefill).
 //!
-//! `vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...]`: what the driver reports
+//! `vulkan stats [DEVICE] [TUNING ...]`: what the driver reports
 //! about each compiled matmul-family kernel (registers, spill/local memory, shared
 //! memory, ... as the driver names them) through VK_KHR_pipeline_executable_properties, for the default
 //! tuning and any given ones, specialised as the backend specialises them. vulkano does
@@ -44,7 +45,7 @@ mod e2e;
 mod kernels;
 mod stats;
 
-use kernels::{kernels, Tuning, SHAPES, TUNINGS, TYPES};
+use kernels::{kernels, SHAPES, TUNINGS, TUNING_SYNTAX, TYPES};
 use smoe_actors::vulkan::harness::MatmulTuning;
 use smoe_proto::DType;
 
@@ -59,25 +60,23 @@ fn parse_types(args: &[String]) -> Vec<DType> {
     args.iter().skip(2).filter_map(|t| DType::from_name(t)).collect()
 }
 
-/// Tunings given after the device (`args[2..]`, besides weight types):
-/// LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] each (ROWS_DOWN defaults to ROWS,
-/// UNROLL_DENSE to the backend's default); a malformed one ends the program with status 2.
-fn parse_tunings(args: &[String]) -> Vec<Tuning> {
+/// Tunings given after the device (`args[2..]`, besides weight types), as
+/// [`TUNING_SYNTAX`] writes them (ROWS_DOWN defaults to ROWS, UNROLL_DENSE to the
+/// backend's default); a malformed one ends the program with status 2.
+fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
     let dense = MatmulTuning::default().unroll_dense;
     args.iter()
         .skip(2)
         .filter(|t| DType::from_name(t).is_none() && !SHAPES.iter().any(|s| s.name == t.as_str()))
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
-            match v.as_deref() {
+            let (lanes, rows_m1, unroll, rows_down, unroll_dense) = match v.as_deref() {
                 Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows, dense),
                 Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down, dense),
                 Ok(&[lanes, rows, unroll, rows_down, u]) => (lanes, rows, unroll, rows_down, u),
-                _ => fail(
-                    2,
-                    format!("tuning `{t}` is not LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] (numbers)"),
-                ),
-            }
+                _ => fail(2, format!("tuning `{t}` is not {TUNING_SYNTAX} (numbers)")),
+            };
+            MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down }
         })
         .collect()
 }
@@ -121,7 +120,7 @@ fn main() {
         _ => {
             let shapes: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]] ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [{TUNING_SYNTAX} ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [{TUNING_SYNTAX} ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
                 shapes.join("|")
             );
             std::process::exit(2);

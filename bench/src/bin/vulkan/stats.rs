@@ -12,7 +12,7 @@ use smoe_actors::vulkan::harness::MatmulTuning;
 use smoe_actors::vulkan::{spirv, Kernel, Kernels, Spec, TypedKernels, VulkanContext};
 
 use crate::fail;
-use crate::kernels::{Tuning, TYPES};
+use crate::kernels::TYPES;
 
 /// What a driver reports about one executable (a compiled shader stage) of a pipeline.
 struct Executable {
@@ -151,7 +151,7 @@ fn pipeline_stats(
 
 /// `vulkan stats`: the driver's statistics for every matmul-family kernel, specialised
 /// for the default tuning and then each of `extra`.
-pub fn stats(device: usize, extra: &[Tuning]) {
+pub fn stats(device: usize, extra: &[MatmulTuning]) {
     let ctx = VulkanContext::new(device).unwrap_or_else(|e| fail(1, e.to_string()));
     let dev = &ctx.device;
     if !dev.enabled_extensions().khr_pipeline_executable_properties
@@ -171,8 +171,7 @@ pub fn stats(device: usize, extra: &[Tuning]) {
     );
     let d = MatmulTuning::default();
     let mut tunings = vec![d];
-    for &(lanes, rows_m1, unroll, rows_down, unroll_dense) in extra {
-        let t = MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down };
+    for &t in extra {
         if !tunings.contains(&t) {
             tunings.push(t);
         }
