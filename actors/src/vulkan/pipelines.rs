@@ -57,8 +57,9 @@ pub struct MatmulTuning {
     pub rows_down: u32,
 }
 
-impl Default for MatmulTuning {
-    /// One row per lane group and one chunk per load gave the fastest bf16 expert
+impl MatmulTuning {
+    /// The backend's tuning (what [`Default`] gives), as a constant for tables of
+    /// tunings. One row per lane group and one chunk per load gave the fastest bf16 expert
     /// gate/up (15.7 us against 16.8 us for 2 rows / 2 chunks) and the lowest
     /// small-matvec floor on the H200, within 0.5 us of the best on the q_proj-sized
     /// matvec and 3% on the LM head; 4 rows per lane group gave the fastest expert down
@@ -68,8 +69,14 @@ impl Default for MatmulTuning {
     /// synth 1-4% faster in three runs (means 1,641-1,687 -> 1,703-1,719 tok/s; 4 and 8
     /// chunks no faster), where two everywhere had been level
     /// (`bench/results/gpu-decode-unroll-prefetch-h200-2026-12-02.txt`).
+    pub const DEFAULT: MatmulTuning =
+        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4 };
+}
+
+impl Default for MatmulTuning {
+    /// [`MatmulTuning::DEFAULT`].
     fn default() -> Self {
-        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4 }
+        MatmulTuning::DEFAULT
     }
 }
 

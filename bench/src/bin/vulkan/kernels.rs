@@ -89,7 +89,7 @@ pub fn report(what: &str, secs: f64, bytes: f64) {
 
 /// The tunings `vulkan kernels` compares (the backend's default first).
 pub const TUNINGS: &[MatmulTuning] = &[
-    MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4 },
+    MatmulTuning::DEFAULT,
     MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 1, rows_down: 1 },
     MatmulTuning { lanes: 32, rows_m1: 2, unroll: 2, unroll_dense: 2, rows_down: 2 },
     MatmulTuning { lanes: 32, rows_m1: 2, unroll: 1, unroll_dense: 1, rows_down: 4 },

@@ -23,6 +23,9 @@
 //! each CONTEXT (default 512 and 4096) and a prefill block of PREFILL_TOKENS (default 512;
 //! 0: none) from position 0, in µs per layer and GB/s of K+V read (GFLOP/s for prefill).
 //!
+//! `vulkan chain [DEVICE]`: what a dependent dispatch costs: a chain of m=1 matvecs
+//! ordered by pipeline barriers against completion counts in device memory (`chain.rs`).
+//!
 //! `vulkan stats [DEVICE] [TUNING ...]`: what the driver reports
 //! about each compiled matmul-family kernel (registers, spill/local memory, shared
 //! memory, ... as the driver names them) through VK_KHR_pipeline_executable_properties, for the default
@@ -40,6 +43,7 @@
 //! expert path (`zero-copy`, `staged-prefill`, `staged`).
 
 mod attention;
+mod chain;
 mod delta;
 mod e2e;
 mod kernels;
@@ -109,6 +113,7 @@ fn main() {
             }
             attention::attention(device, prefill, &contexts)
         }
+        Some("chain") => chain::chain(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
         Some("delta") => delta::delta(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
         Some("stats") => {
             let device = args.get(1).map_or(Ok(0), |s| s.parse());
@@ -120,7 +125,7 @@ fn main() {
         _ => {
             let shapes: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [{TUNING_SYNTAX} ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [{TUNING_SYNTAX} ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [{TUNING_SYNTAX} ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan chain [DEVICE] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [{TUNING_SYNTAX} ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
                 shapes.join("|")
             );
             std::process::exit(2);

@@ -1,0 +1,364 @@
+//! `vulkan chain`: what a dependent dispatch costs with the executor's pipeline barrier
+//! between two kernels, against no barrier and a completion count in device memory that
+//! the next kernel's workgroups wait on (`shaders/chain.comp`), with that kernel's weight
+//! reads issued before or after its wait. Links are m=1 f32 matvecs of 2048 columns, each
+//! reading the previous one's output; their matrices are distinct (twelve links of 2048
+//! rows hold 192 MiB, more than the L2 cache). The command buffers are recorded raw
+//! (vulkano's builder derives a barrier between every two dispatches that share a written
+//! buffer) and submitted with one raw queue submission.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ash::vk;
+use vulkano::buffer::{Buffer, BufferCreateInfo, BufferUsage, Subbuffer};
+
+use vulkano::command_buffer::{
+    AutoCommandBufferBuilder, CommandBuffer, CommandBufferBeginInfo, CommandBufferLevel, CommandBufferUsage,
+    CopyBufferInfo, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
+};
+use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
+use vulkano::memory::allocator::{AllocationCreateInfo, MemoryTypeFilter};
+use vulkano::pipeline::compute::ComputePipelineCreateInfo;
+use vulkano::pipeline::layout::PipelineDescriptorSetLayoutCreateInfo;
+use vulkano::pipeline::{
+    ComputePipeline, Pipeline, PipelineBindPoint, PipelineLayout, PipelineShaderStageCreateInfo,
+};
+use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
+use vulkano::sync::fence::{Fence, FenceCreateInfo};
+use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
+use vulkano::VulkanObject;
+
+use smoe_actors::vulkan::{spirv, VulkanContext};
+
+use crate::fail;
+
+/// Links per chain (a decode layer records about twelve dependent dispatches).
+const LINKS: usize = 12;
+/// Columns of every link's matrix (`COLS4` vec4s in `shaders/chain.comp`).
+const COLS: usize = 2048;
+/// Floats per input/output region of `io` (two regions, links alternate between them).
+const REGION: usize = 8192;
+
+/// How consecutive links are ordered.
+#[derive(Clone, Copy, PartialEq)]
+enum Order {
+    /// A pipeline barrier between links (the executor's way).
+    Barrier,
+    /// A barrier after every `span` links and none inside a span, where each link waits
+    /// on the previous one's completion count, loading its weights after the wait
+    /// (`early` false) or before it.
+    Count { early: bool, span: usize },
+    /// No barrier and no wait: the links overlap freely (wrong results; the lower bound).
+    Free,
+}
+
+impl Order {
+    fn label(self) -> String {
+        match self {
+            Order::Barrier => "pipeline barrier".into(),
+            Order::Count { early, span } => format!(
+                "count, weights {} the wait, {}",
+                if early { "before" } else { "after" },
+                if span >= LINKS { "no barrier".into() } else { format!("a barrier every {span} links") }
+            ),
+            Order::Free => "no ordering (lower bound, wrong results)".into(),
+        }
+    }
+
+    fn mode(self) -> u32 {
+        match self {
+            Order::Barrier | Order::Free => 0,
+            Order::Count { early, .. } => 1 | if early { 2 } else { 0 },
+        }
+    }
+
+    /// Whether a barrier follows link `i` (of a chain, counted over the whole buffer).
+    fn barrier_after(self, i: usize) -> bool {
+        match self {
+            Order::Barrier => true,
+            Order::Count { span, .. } => span < LINKS && (i + 1).is_multiple_of(span),
+            Order::Free => false,
+        }
+    }
+}
+
+/// The push constants of `shaders/chain.comp`.
+#[derive(Clone, Copy, vulkano::buffer::BufferContents)]
+#[repr(C)]
+struct Params {
+    rows: u32,
+    w_off4: u32,
+    in_off: u32,
+    out_off: u32,
+    wait_idx: u32,
+    wait_for: u32,
+    sig_idx: u32,
+    mode: u32,
+}
+
+struct Chain {
+    ctx: Arc<VulkanContext>,
+    pipeline: Arc<ComputePipeline>,
+    set: Arc<DescriptorSet>,
+    io: Subbuffer<[f32]>,
+    counts: Subbuffer<[u32]>,
+}
+
+fn device_local<T: vulkano::buffer::BufferContents + Copy>(
+    ctx: &VulkanContext,
+    data: Vec<T>,
+    usage: BufferUsage,
+) -> Subbuffer<[T]> {
+    let n = data.len() as u64;
+    let host = Buffer::from_iter(
+        ctx.memory.clone(),
+        BufferCreateInfo { usage: BufferUsage::TRANSFER_SRC, ..Default::default() },
+        AllocationCreateInfo {
+            memory_type_filter: MemoryTypeFilter::PREFER_HOST | MemoryTypeFilter::HOST_SEQUENTIAL_WRITE,
+            ..Default::default()
+        },
+        data,
+    )
+    .expect("staging buffer");
+    let dev = Buffer::new_slice::<T>(
+        ctx.memory.clone(),
+        BufferCreateInfo {
+            usage: usage | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC,
+            ..Default::default()
+        },
+        AllocationCreateInfo { memory_type_filter: MemoryTypeFilter::PREFER_DEVICE, ..Default::default() },
+        n,
+    )
+    .expect("device buffer");
+    copy(ctx, host, dev.clone());
+    dev
+}
+
+fn copy<T: vulkano::buffer::BufferContents + Copy>(
+    ctx: &VulkanContext,
+    src: Subbuffer<[T]>,
+    dst: Subbuffer<[T]>,
+) {
+    let mut b = AutoCommandBufferBuilder::primary(
+        ctx.commands.clone(),
+        ctx.compute.queue_family_index(),
+        CommandBufferUsage::OneTimeSubmit,
+    )
+    .expect("builder");
+    b.copy_buffer(CopyBufferInfo::buffers(src, dst)).expect("copy");
+    let cb = b.build().expect("build");
+    cb.execute(ctx.compute.clone())
+        .expect("execute")
+        .then_signal_fence_and_flush()
+        .expect("flush")
+        .wait(None)
+        .expect("wait");
+}
+
+impl Chain {
+    fn new(ctx: Arc<VulkanContext>, rows: usize, reps: usize) -> Chain {
+        let d = &ctx.device;
+        let words = spirv("chain").unwrap_or_else(|e| fail(1, e.to_string()));
+        // SAFETY: SPIR-V compiled by glslc from shaders/chain.comp.
+        let module =
+            unsafe { ShaderModule::new(d.clone(), ShaderModuleCreateInfo::new(&words)) }.expect("module");
+        let stage = PipelineShaderStageCreateInfo::new(module.entry_point("main").expect("main"));
+        let layout = PipelineLayout::new(
+            d.clone(),
+            PipelineDescriptorSetLayoutCreateInfo::from_stages([&stage])
+                .into_pipeline_layout_create_info(d.clone())
+                .expect("layout info"),
+        )
+        .expect("layout");
+        let pipeline =
+            ComputePipeline::new(d.clone(), None, ComputePipelineCreateInfo::stage_layout(stage, layout))
+                .expect("pipeline");
+        let mut seed = 0x9E37_79B9_u32;
+        let weights: Vec<f32> = (0..LINKS * rows * COLS)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        let w = device_local(&ctx, weights, BufferUsage::STORAGE_BUFFER);
+        let io0: Vec<f32> = (0..2 * REGION).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect();
+        let io = device_local(&ctx, io0, BufferUsage::STORAGE_BUFFER);
+        let counts = device_local(&ctx, vec![0u32; reps * LINKS + 1], BufferUsage::STORAGE_BUFFER);
+        let set = DescriptorSet::new(
+            ctx.descriptors.clone(),
+            pipeline.layout().set_layouts()[0].clone(),
+            [
+                WriteDescriptorSet::buffer(0, w),
+                WriteDescriptorSet::buffer(1, io.clone()),
+                WriteDescriptorSet::buffer(2, counts.clone()),
+            ],
+            [],
+        )
+        .expect("set");
+        Chain { ctx, pipeline, set, io, counts }
+    }
+
+    /// `reps` chains of [`LINKS`] links over `rows` rows, ordered as `order` says.
+    fn record(&self, rows: usize, reps: usize, order: Order) -> CommandBuffer {
+        let ctx = &self.ctx;
+        let begin =
+            CommandBufferBeginInfo { usage: CommandBufferUsage::MultipleSubmit, ..Default::default() };
+        let mut cb = RecordingCommandBuffer::new(
+            ctx.commands.clone(),
+            ctx.compute.queue_family_index(),
+            CommandBufferLevel::Primary,
+            begin,
+        )
+        .expect("recording");
+        let barrier = |src: PipelineStages, src_access: AccessFlags| DependencyInfo {
+            memory_barriers: [MemoryBarrier {
+                src_stages: src,
+                src_access,
+                dst_stages: PipelineStages::COMPUTE_SHADER,
+                dst_access: AccessFlags::SHADER_READ | AccessFlags::SHADER_WRITE,
+                ..Default::default()
+            }]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        };
+        let layout = self.pipeline.layout();
+        let groups = rows.div_ceil(4) as u32;
+        // SAFETY: every index the kernel forms is bounded by the push constants, which
+        // are derived from the sizes the buffers were made with; the counts are zeroed
+        // before the first link and each link of the chain adds to its own.
+        unsafe {
+            cb.fill_buffer_unchecked(&self.counts, 0);
+            cb.pipeline_barrier_unchecked(&barrier(
+                PipelineStages::ALL_TRANSFER,
+                AccessFlags::TRANSFER_WRITE,
+            ));
+            cb.bind_pipeline_compute_unchecked(&self.pipeline);
+            cb.bind_descriptor_sets_unchecked(
+                PipelineBindPoint::Compute,
+                layout,
+                0,
+                &[self.set.as_raw()],
+                &[],
+            );
+            for k in 0..reps {
+                for i in 0..LINKS {
+                    let sig = (k * LINKS + i + 1) as u32;
+                    let p = Params {
+                        rows: rows as u32,
+                        w_off4: (i * rows * COLS / 4) as u32,
+                        in_off: ((i % 2) * REGION) as u32,
+                        out_off: (((i + 1) % 2) * REGION) as u32,
+                        wait_idx: sig - 1,
+                        wait_for: if sig == 1 { 0 } else { groups },
+                        sig_idx: sig,
+                        mode: order.mode(),
+                    };
+                    cb.push_constants_unchecked(layout, 0, &p);
+                    cb.dispatch_unchecked([groups, 1, 1]);
+                    if order.barrier_after(k * LINKS + i) {
+                        cb.pipeline_barrier_unchecked(&barrier(
+                            PipelineStages::COMPUTE_SHADER,
+                            AccessFlags::SHADER_WRITE,
+                        ));
+                    }
+                }
+            }
+            cb.end().expect("end")
+        }
+    }
+
+    /// Submits `cb` and waits for it; the wall time.
+    fn run(&self, cb: &CommandBuffer, fence: &Fence) -> Duration {
+        let fns = self.ctx.device.fns();
+        let handle = cb.handle();
+        let submit = vk::SubmitInfo::default().command_buffers(std::slice::from_ref(&handle));
+        let t = Instant::now();
+        // SAFETY: the command buffer is not executing (every submission is waited for),
+        // and nothing else uses the queue in this program meanwhile.
+        let r = unsafe { (fns.v1_0.queue_submit)(self.ctx.compute.handle(), 1, &submit, fence.handle()) };
+        assert_eq!(r, vk::Result::SUCCESS, "queue submit");
+        fence.wait(None).expect("fence wait");
+        let d = t.elapsed();
+        // SAFETY: the fence's submission has completed.
+        unsafe { fence.reset() }.expect("fence reset");
+        d
+    }
+
+    /// The io regions' bytes after one chain.
+    fn result(&self, rows: usize, order: Order, fence: &Fence) -> Vec<u32> {
+        let io0: Vec<f32> = (0..2 * REGION).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect();
+        let fresh = device_local(&self.ctx, io0, BufferUsage::STORAGE_BUFFER);
+        copy(&self.ctx, fresh, self.io.clone());
+        self.run(&self.record(rows, 1, order), fence);
+        let host = Buffer::new_slice::<f32>(
+            self.ctx.memory.clone(),
+            BufferCreateInfo { usage: BufferUsage::TRANSFER_DST, ..Default::default() },
+            AllocationCreateInfo {
+                memory_type_filter: MemoryTypeFilter::PREFER_HOST | MemoryTypeFilter::HOST_RANDOM_ACCESS,
+                ..Default::default()
+            },
+            (2 * REGION) as u64,
+        )
+        .expect("readback");
+        copy(&self.ctx, self.io.clone(), host.clone());
+        let r = host.read().expect("read").iter().map(|f| f.to_bits()).collect();
+        r
+    }
+}
+
+/// Runs the experiment on device `index` and prints µs per link for each ordering.
+pub fn chain(index: usize) {
+    let ctx = VulkanContext::new(index).unwrap_or_else(|e| fail(1, e.to_string()));
+    println!("device: {}", ctx.info.name);
+    let fence = Fence::new(ctx.device.clone(), FenceCreateInfo::default()).expect("fence");
+    let count = |early, span| Order::Count { early, span };
+    let orders = [
+        Order::Barrier,
+        count(false, LINKS),
+        count(true, LINKS),
+        count(true, 2),
+        count(true, 3),
+        Order::Free,
+    ];
+    for rows in [16usize, 512, 2048] {
+        let reps = 64;
+        let c = Chain::new(ctx.clone(), rows, reps);
+        let reference = c.result(rows, Order::Barrier, &fence);
+        for order in orders {
+            if order != Order::Free {
+                let same = c.result(rows, order, &fence) == reference;
+                if !same {
+                    println!("rows {rows}: {}: results DIFFER from the barrier chain", order.label());
+                }
+            }
+        }
+        let cbs: Vec<CommandBuffer> = orders.iter().map(|&o| c.record(rows, reps, o)).collect();
+        // Warm the clocks up, then seven timed rounds with the orderings interleaved.
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            c.run(&cbs[0], &fence);
+        }
+        let mut times = vec![Vec::new(); orders.len()];
+        for _ in 0..7 {
+            for (t, cb) in times.iter_mut().zip(&cbs) {
+                t.push(c.run(cb, &fence).as_secs_f64());
+            }
+        }
+        let bytes = (rows * COLS * 4) as f64;
+        for (order, mut t) in orders.iter().zip(times) {
+            t.sort_by(f64::total_cmp);
+            let per = t[3] / (reps * LINKS) as f64;
+            println!(
+                "rows {rows} x {COLS} f32 ({:.2} MB/link): {}: {:.2} us per link, {:.0} GB/s",
+                bytes / 1e6,
+                order.label(),
+                per * 1e6,
+                bytes / per / 1e9
+            );
+        }
+    }
+}
