@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use ash::vk;
 use vulkano::buffer::{Buffer, BufferCreateInfo, BufferUsage, Subbuffer};
-
 use vulkano::command_buffer::{
     AutoCommandBufferBuilder, CommandBuffer, CommandBufferBeginInfo, CommandBufferLevel, CommandBufferUsage,
     CopyBufferInfo, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
@@ -54,6 +53,7 @@ enum Order {
 }
 
 impl Order {
+    /// How the output names this ordering.
     fn label(self) -> String {
         match self {
             Order::Barrier => "pipeline barrier".into(),
@@ -66,6 +66,7 @@ impl Order {
         }
     }
 
+    /// The kernel's `mode` bits for this ordering.
     fn mode(self) -> u32 {
         match self {
             Order::Barrier | Order::Free => 0,
@@ -97,6 +98,8 @@ struct Params {
     mode: u32,
 }
 
+/// A chain's pipeline and buffers: the links' weights, their inputs and outputs (`io`),
+/// and one completion count per link of the longest buffer recorded.
 struct Chain {
     ctx: Arc<VulkanContext>,
     pipeline: Arc<ComputePipeline>,
@@ -105,10 +108,10 @@ struct Chain {
     counts: Subbuffer<[u32]>,
 }
 
+/// A device-local storage buffer holding `data`.
 fn device_local<T: vulkano::buffer::BufferContents + Copy>(
     ctx: &VulkanContext,
     data: Vec<T>,
-    usage: BufferUsage,
 ) -> Subbuffer<[T]> {
     let n = data.len() as u64;
     let host = Buffer::from_iter(
@@ -124,7 +127,7 @@ fn device_local<T: vulkano::buffer::BufferContents + Copy>(
     let dev = Buffer::new_slice::<T>(
         ctx.memory.clone(),
         BufferCreateInfo {
-            usage: usage | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC,
+            usage: BufferUsage::STORAGE_BUFFER | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC,
             ..Default::default()
         },
         AllocationCreateInfo { memory_type_filter: MemoryTypeFilter::PREFER_DEVICE, ..Default::default() },
@@ -135,6 +138,7 @@ fn device_local<T: vulkano::buffer::BufferContents + Copy>(
     dev
 }
 
+/// Copies `src` to `dst` and waits for it.
 fn copy<T: vulkano::buffer::BufferContents + Copy>(
     ctx: &VulkanContext,
     src: Subbuffer<[T]>,
@@ -156,7 +160,13 @@ fn copy<T: vulkano::buffer::BufferContents + Copy>(
         .expect("wait");
 }
 
+/// The io regions' values before a chain (the first link's input).
+fn initial_io() -> Vec<f32> {
+    (0..2 * REGION).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect()
+}
+
 impl Chain {
+    /// The pipeline and buffers for chains of `reps` runs of [`LINKS`] links of `rows` rows.
     fn new(ctx: Arc<VulkanContext>, rows: usize, reps: usize) -> Chain {
         let d = &ctx.device;
         let words = spirv("chain").unwrap_or_else(|e| fail(1, e.to_string()));
@@ -183,10 +193,9 @@ impl Chain {
                 (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
             })
             .collect();
-        let w = device_local(&ctx, weights, BufferUsage::STORAGE_BUFFER);
-        let io0: Vec<f32> = (0..2 * REGION).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect();
-        let io = device_local(&ctx, io0, BufferUsage::STORAGE_BUFFER);
-        let counts = device_local(&ctx, vec![0u32; reps * LINKS + 1], BufferUsage::STORAGE_BUFFER);
+        let w = device_local(&ctx, weights);
+        let io = device_local(&ctx, initial_io());
+        let counts = device_local(&ctx, vec![0u32; reps * LINKS + 1]);
         let set = DescriptorSet::new(
             ctx.descriptors.clone(),
             pipeline.layout().set_layouts()[0].clone(),
@@ -290,8 +299,7 @@ impl Chain {
 
     /// The io regions' bytes after one chain.
     fn result(&self, rows: usize, order: Order, fence: &Fence) -> Vec<u32> {
-        let io0: Vec<f32> = (0..2 * REGION).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect();
-        let fresh = device_local(&self.ctx, io0, BufferUsage::STORAGE_BUFFER);
+        let fresh = device_local(&self.ctx, initial_io());
         copy(&self.ctx, fresh, self.io.clone());
         self.run(&self.record(rows, 1, order), fence);
         let host = Buffer::new_slice::<f32>(
@@ -305,8 +313,8 @@ impl Chain {
         )
         .expect("readback");
         copy(&self.ctx, self.io.clone(), host.clone());
-        let r = host.read().expect("read").iter().map(|f| f.to_bits()).collect();
-        r
+        let bits = host.read().expect("read").iter().map(|f| f.to_bits()).collect();
+        bits
     }
 }
 
