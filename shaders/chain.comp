@@ -9,6 +9,9 @@
 // before it waits, so the next link's weight reads overlap the previous link's tail. This
 // relies on the device launching a later dispatch's workgroups only after all of an
 // earlier one's (no Vulkan guarantee): a measurement, not an executor path.
+// MODE_NORM and MODE_NORM_ONLY measure an RMSNorm of each link's input folded into the
+// matvec (every subgroup forms it alone, in the same order) against a separate dispatch
+// of one workgroup that writes it (the executor's way), both ordered by barriers.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common.glsl"
@@ -22,6 +25,8 @@ layout(set = 0, binding = 0) readonly buffer W { vec4 w4[]; };
 layout(set = 0, binding = 1) coherent buffer Io { float io[]; };
 // Completion counts, one per link.
 layout(set = 0, binding = 2) coherent buffer Counts { uint counts[]; };
+// The RMSNorm weights (2048).
+layout(set = 0, binding = 3) readonly buffer Nw { vec4 nw4[]; };
 
 layout(push_constant) uniform Params {
     uint rows;     // output rows (one subgroup of 32 lanes per row, 4 per workgroup)
@@ -36,7 +41,16 @@ layout(push_constant) uniform Params {
 
 #define MODE_WAIT 1u  // wait on counts[wait_idx] (else a barrier orders the links)
 #define MODE_EARLY 2u // load the weights before waiting
+#define MODE_NORM 4u  // RMSNorm the input (every subgroup alone) before the product
+#define MODE_NORM_ONLY 8u // write the RMSNorm of the input instead (one workgroup)
 #define COLS4 512u    // vec4s per row (2048 columns)
+
+void io4_write(uint e, vec4 v) {
+    io[e] = v.x;
+    io[e + 1u] = v.y;
+    io[e + 2u] = v.z;
+    io[e + 3u] = v.w;
+}
 
 void main() {
     uint lane = gl_LocalInvocationID.x % 32u;
@@ -57,18 +71,38 @@ void main() {
         memoryBarrierBuffer();
         barrier();
     }
-    if ((pc.mode & MODE_EARLY) == 0u) {
+    if ((pc.mode & (MODE_EARLY | MODE_NORM_ONLY)) == 0u) {
         FOR16(c, wv[c] = w4[base + 32u * c];)
     }
-    precise float s = 0.0;
+    vec4 xv[16];
     FOR16(c, {
         uint e = pc.in_off + 4u * (32u * c + lane);
-        vec4 x = vec4(io[e], io[e + 1u], io[e + 2u], io[e + 3u]);
-        s = s + dot(wv[c], x);
+        xv[c] = vec4(io[e], io[e + 1u], io[e + 2u], io[e + 3u]);
     })
-    s = subgroupAdd(s);
-    if (live && lane == 0u) {
-        io[pc.out_off + row] = s * (1.0 / 64.0);
+    if ((pc.mode & (MODE_NORM | MODE_NORM_ONLY)) != 0u) {
+        // An RMSNorm of the input, formed by every subgroup alone in the same order.
+        precise float ss = 0.0;
+        FOR16(c, ss = ss + dot(xv[c], xv[c]);)
+        ss = subgroupAdd(ss);
+        float r = inversesqrt(ss * (1.0 / 2048.0) + 1e-6);
+        // `precise`: the products must not be fused into the dot product below, so that
+        // a link reading them from memory gets the same bytes.
+        FOR16(c, {
+            precise vec4 y = nw4[32u * c + lane] * (xv[c] * r);
+            xv[c] = y;
+        })
+    }
+    if ((pc.mode & MODE_NORM_ONLY) != 0u) {
+        // The normed input is the output: subgroup q of the workgroup writes its quarter.
+        uint q = gl_LocalInvocationID.x / 32u;
+        FOR4(c, io4_write(pc.out_off + 4u * (32u * (4u * q + c) + lane), xv[4u * q + c]);)
+    } else {
+        precise float s = 0.0;
+        FOR16(c, s = s + dot(wv[c], xv[c]);)
+        s = subgroupAdd(s);
+        if (live && lane == 0u) {
+            io[pc.out_off + row] = s * (1.0 / 64.0);
+        }
     }
     memoryBarrierBuffer();
     barrier();

@@ -5,7 +5,9 @@
 //! reading the previous one's output; their matrices are distinct (twelve links of 2048
 //! rows hold 192 MiB, more than the L2 cache). The command buffers are recorded raw
 //! (vulkano's builder derives a barrier between every two dispatches that share a written
-//! buffer) and submitted with one raw queue submission.
+//! buffer) and submitted with one raw queue submission. Two more orderings, both with
+//! barriers, put an RMSNorm of each link's input in a dispatch of its own or fold it into
+//! the link (what a norm dispatch fewer saves).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +38,8 @@ use crate::fail;
 const LINKS: usize = 12;
 /// Columns of every link's matrix (`COLS4` vec4s in `shaders/chain.comp`).
 const COLS: usize = 2048;
-/// Floats per input/output region of `io` (two regions, links alternate between them).
+/// Floats per input/output region of `io` (links alternate between regions 0 and 1; a
+/// separate RMSNorm writes region 2).
 const REGION: usize = 8192;
 
 /// How consecutive links are ordered.
@@ -50,6 +53,12 @@ enum Order {
     Count { early: bool, span: usize },
     /// No barrier and no wait: the links overlap freely (wrong results; the lower bound).
     Free,
+    /// Barriers, and before each link a dispatch of one workgroup writing the RMSNorm of
+    /// its input, which the link reads.
+    NormApart,
+    /// Barriers, and each link forms the RMSNorm of its input itself (every subgroup
+    /// alone): the same bytes as [`Order::NormApart`] with half the dispatches.
+    NormFolded,
 }
 
 impl Order {
@@ -63,21 +72,24 @@ impl Order {
                 if span >= LINKS { "no barrier".into() } else { format!("a barrier every {span} links") }
             ),
             Order::Free => "no ordering (lower bound, wrong results)".into(),
+            Order::NormApart => "barrier, an RMSNorm dispatch before each link (per link and norm)".into(),
+            Order::NormFolded => "barrier, the RMSNorm folded into each link".into(),
         }
     }
 
     /// The kernel's `mode` bits for this ordering.
     fn mode(self) -> u32 {
         match self {
-            Order::Barrier | Order::Free => 0,
+            Order::Barrier | Order::Free | Order::NormApart => 0,
             Order::Count { early, .. } => 1 | if early { 2 } else { 0 },
+            Order::NormFolded => 4,
         }
     }
 
     /// Whether a barrier follows link `i` (of a chain, counted over the whole buffer).
     fn barrier_after(self, i: usize) -> bool {
         match self {
-            Order::Barrier => true,
+            Order::Barrier | Order::NormApart | Order::NormFolded => true,
             Order::Count { span, .. } => span < LINKS && (i + 1).is_multiple_of(span),
             Order::Free => false,
         }
@@ -85,7 +97,7 @@ impl Order {
 }
 
 /// The push constants of `shaders/chain.comp`.
-#[derive(Clone, Copy, vulkano::buffer::BufferContents)]
+#[derive(Clone, Copy, Default, vulkano::buffer::BufferContents)]
 #[repr(C)]
 struct Params {
     rows: u32,
@@ -162,7 +174,7 @@ fn copy<T: vulkano::buffer::BufferContents + Copy>(
 
 /// The io regions' values before a chain (the first link's input).
 fn initial_io() -> Vec<f32> {
-    (0..2 * REGION).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect()
+    (0..3 * REGION).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect()
 }
 
 impl Chain {
@@ -203,6 +215,10 @@ impl Chain {
                 WriteDescriptorSet::buffer(0, w),
                 WriteDescriptorSet::buffer(1, io.clone()),
                 WriteDescriptorSet::buffer(2, counts.clone()),
+                WriteDescriptorSet::buffer(
+                    3,
+                    device_local(&ctx, (0..COLS).map(|i| 0.5 + (i % 7) as f32 / 8.0).collect()),
+                ),
             ],
             [],
         )
@@ -256,10 +272,22 @@ impl Chain {
             for k in 0..reps {
                 for i in 0..LINKS {
                     let sig = (k * LINKS + i + 1) as u32;
+                    let mut in_off = ((i % 2) * REGION) as u32;
+                    if order == Order::NormApart {
+                        let norm =
+                            Params { in_off, out_off: (2 * REGION) as u32, mode: 8, ..Default::default() };
+                        cb.push_constants_unchecked(layout, 0, &Params { rows: 1, ..norm });
+                        cb.dispatch_unchecked([1, 1, 1]);
+                        cb.pipeline_barrier_unchecked(&barrier(
+                            PipelineStages::COMPUTE_SHADER,
+                            AccessFlags::SHADER_WRITE,
+                        ));
+                        in_off = (2 * REGION) as u32;
+                    }
                     let p = Params {
                         rows: rows as u32,
                         w_off4: (i * rows * COLS / 4) as u32,
-                        in_off: ((i % 2) * REGION) as u32,
+                        in_off,
                         out_off: (((i + 1) % 2) * REGION) as u32,
                         wait_idx: sig - 1,
                         wait_for: if sig == 1 { 0 } else { groups },
@@ -297,7 +325,7 @@ impl Chain {
         d
     }
 
-    /// The io regions' bytes after one chain.
+    /// The bytes of the links' io regions (0 and 1; not a separate norm's) after one chain.
     fn result(&self, rows: usize, order: Order, fence: &Fence) -> Vec<u32> {
         let fresh = device_local(&self.ctx, initial_io());
         copy(&self.ctx, fresh, self.io.clone());
@@ -309,11 +337,11 @@ impl Chain {
                 memory_type_filter: MemoryTypeFilter::PREFER_HOST | MemoryTypeFilter::HOST_RANDOM_ACCESS,
                 ..Default::default()
             },
-            (2 * REGION) as u64,
+            (3 * REGION) as u64,
         )
         .expect("readback");
         copy(&self.ctx, self.io.clone(), host.clone());
-        let bits = host.read().expect("read").iter().map(|f| f.to_bits()).collect();
+        let bits = host.read().expect("read")[..2 * REGION].iter().map(|f| f.to_bits()).collect();
         bits
     }
 }
@@ -331,17 +359,22 @@ pub fn chain(index: usize) {
         count(true, 2),
         count(true, 3),
         Order::Free,
+        Order::NormApart,
+        Order::NormFolded,
     ];
     for rows in [16usize, 512, 2048] {
         let reps = 64;
         let c = Chain::new(ctx.clone(), rows, reps);
         let reference = c.result(rows, Order::Barrier, &fence);
+        let normed = c.result(rows, Order::NormApart, &fence);
         for order in orders {
-            if order != Order::Free {
-                let same = c.result(rows, order, &fence) == reference;
-                if !same {
-                    println!("rows {rows}: {}: results DIFFER from the barrier chain", order.label());
-                }
+            let expected = match order {
+                Order::Free | Order::Barrier | Order::NormApart => continue,
+                Order::NormFolded => &normed,
+                Order::Count { .. } => &reference,
+            };
+            if c.result(rows, order, &fence) != *expected {
+                println!("rows {rows}: {}: results DIFFER from the barrier chain's", order.label());
             }
         }
         let cbs: Vec<CommandBuffer> = orders.iter().map(|&o| c.record(rows, reps, o)).collect();

@@ -24,7 +24,9 @@
 //! 0: none) from position 0, in µs per layer and GB/s of K+V read (GFLOP/s for prefill).
 //!
 //! `vulkan chain [DEVICE]`: what a dependent dispatch costs: a chain of m=1 matvecs
-//! ordered by pipeline barriers against completion counts in device memory (`chain.rs`).
+//! ordered by pipeline barriers against completion counts in device memory, and with an
+//! RMSNorm of each link's input as a dispatch of its own or folded into the link
+//! (`chain.rs`).
 //!
 //! `vulkan stats [DEVICE] [TUNING ...]`: what the driver reports
 //! about each compiled matmul-family kernel (registers, spill/local memory, shared
