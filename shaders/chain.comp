@@ -12,6 +12,9 @@
 // MODE_NORM and MODE_NORM_ONLY measure an RMSNorm of each link's input folded into the
 // matvec (every subgroup forms it alone, in the same order) against a separate dispatch
 // of one workgroup that writes it (the executor's way), both ordered by barriers.
+// A row's dot product (and the norm's sum) is one subgroupAdd over its 32 lanes: the
+// values are true products on 32-wide subgroups (NVIDIA); elsewhere (lavapipe) they are
+// partial sums, the same for every ordering, so the byte checks and timings still hold.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common.glsl"
@@ -94,8 +97,9 @@ void main() {
     }
     if ((pc.mode & MODE_NORM_ONLY) != 0u) {
         // The normed input is the output: subgroup q of the workgroup writes its quarter.
+        // (Tested per chunk so that xv is indexed by constants and stays in registers.)
         uint q = gl_LocalInvocationID.x / 32u;
-        FOR4(c, io4_write(pc.out_off + 4u * (32u * (4u * q + c) + lane), xv[4u * q + c]);)
+        FOR16(c, if (c / 4u == q) { io4_write(pc.out_off + 4u * (32u * c + lane), xv[c]); })
     } else {
         precise float s = 0.0;
         FOR16(c, s = s + dot(wv[c], xv[c]);)
