@@ -11,7 +11,9 @@ use vulkano::descriptor_set::WriteDescriptorSet;
 use vulkano::sync::GpuFuture;
 
 pub use super::attention::{AttentionArgs, AttentionKernels, AttentionShape};
-use super::buffers::{device_buffer, host_buffer, upload, upload_buffer, upload_f32, verr, DeviceWeight};
+/// Buffer allocation and staged uploads, for benchmarks that build their own pipelines.
+pub use super::buffers::{device_buffer, host_buffer, upload};
+use super::buffers::{upload_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
 pub use super::delta::{DeltaArgs, DeltaKernels};
 pub use super::pipelines::MatmulTuning;

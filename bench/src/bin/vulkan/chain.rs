@@ -13,13 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ash::vk;
-use vulkano::buffer::{Buffer, BufferCreateInfo, BufferUsage, Subbuffer};
+use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{
     AutoCommandBufferBuilder, CommandBuffer, CommandBufferBeginInfo, CommandBufferLevel, CommandBufferUsage,
     CopyBufferInfo, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
 };
 use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
-use vulkano::memory::allocator::{AllocationCreateInfo, MemoryTypeFilter};
 use vulkano::pipeline::compute::ComputePipelineCreateInfo;
 use vulkano::pipeline::layout::PipelineDescriptorSetLayoutCreateInfo;
 use vulkano::pipeline::{
@@ -30,9 +29,11 @@ use vulkano::sync::fence::{Fence, FenceCreateInfo};
 use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
 use vulkano::VulkanObject;
 
+use smoe_actors::vulkan::harness::{device_buffer, host_buffer, upload};
 use smoe_actors::vulkan::{spirv, VulkanContext};
 
 use crate::fail;
+use crate::kernels::fill;
 
 /// Links per chain (a decode layer records about twelve dependent dispatches).
 const LINKS: usize = 12;
@@ -41,6 +42,12 @@ const COLS: usize = 2048;
 /// Floats per input/output region of `io` (links alternate between regions 0 and 1; a
 /// separate RMSNorm writes region 2).
 const REGION: usize = 8192;
+
+/// `mode` bits of `shaders/chain.comp` (its `MODE_*`).
+const MODE_WAIT: u32 = 1;
+const MODE_EARLY: u32 = 2;
+const MODE_NORM: u32 = 4;
+const MODE_NORM_ONLY: u32 = 8;
 
 /// How consecutive links are ordered.
 #[derive(Clone, Copy, PartialEq)]
@@ -81,8 +88,8 @@ impl Order {
     fn mode(self) -> u32 {
         match self {
             Order::Barrier | Order::Free | Order::NormApart => 0,
-            Order::Count { early, .. } => 1 | if early { 2 } else { 0 },
-            Order::NormFolded => 4,
+            Order::Count { early, .. } => MODE_WAIT | if early { MODE_EARLY } else { 0 },
+            Order::NormFolded => MODE_NORM,
         }
     }
 
@@ -116,60 +123,17 @@ struct Chain {
     ctx: Arc<VulkanContext>,
     pipeline: Arc<ComputePipeline>,
     set: Arc<DescriptorSet>,
-    io: Subbuffer<[f32]>,
+    io: Subbuffer<[u8]>,
     counts: Subbuffer<[u32]>,
 }
 
 /// A device-local storage buffer holding `data`.
-fn device_local<T: vulkano::buffer::BufferContents + Copy>(
-    ctx: &VulkanContext,
-    data: Vec<T>,
-) -> Subbuffer<[T]> {
-    let n = data.len() as u64;
-    let host = Buffer::from_iter(
-        ctx.memory.clone(),
-        BufferCreateInfo { usage: BufferUsage::TRANSFER_SRC, ..Default::default() },
-        AllocationCreateInfo {
-            memory_type_filter: MemoryTypeFilter::PREFER_HOST | MemoryTypeFilter::HOST_SEQUENTIAL_WRITE,
-            ..Default::default()
-        },
-        data,
-    )
-    .expect("staging buffer");
-    let dev = Buffer::new_slice::<T>(
-        ctx.memory.clone(),
-        BufferCreateInfo {
-            usage: BufferUsage::STORAGE_BUFFER | BufferUsage::TRANSFER_DST | BufferUsage::TRANSFER_SRC,
-            ..Default::default()
-        },
-        AllocationCreateInfo { memory_type_filter: MemoryTypeFilter::PREFER_DEVICE, ..Default::default() },
-        n,
-    )
-    .expect("device buffer");
-    copy(ctx, host, dev.clone());
-    dev
-}
-
-/// Copies `src` to `dst` and waits for it.
-fn copy<T: vulkano::buffer::BufferContents + Copy>(
-    ctx: &VulkanContext,
-    src: Subbuffer<[T]>,
-    dst: Subbuffer<[T]>,
-) {
-    let mut b = AutoCommandBufferBuilder::primary(
-        ctx.commands.clone(),
-        ctx.compute.queue_family_index(),
-        CommandBufferUsage::OneTimeSubmit,
-    )
-    .expect("builder");
-    b.copy_buffer(CopyBufferInfo::buffers(src, dst)).expect("copy");
-    let cb = b.build().expect("build");
-    cb.execute(ctx.compute.clone())
-        .expect("execute")
-        .then_signal_fence_and_flush()
-        .expect("flush")
-        .wait(None)
-        .expect("wait");
+fn device_local<T: bytemuck::Pod>(ctx: &VulkanContext, data: &[T]) -> Subbuffer<[u8]> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let buf =
+        device_buffer::<u8>(ctx, bytes.len() as u64, BufferUsage::STORAGE_BUFFER).expect("device buffer");
+    upload(ctx, &buf, bytes).expect("upload");
+    buf
 }
 
 /// The io regions' values before a chain (the first link's input).
@@ -196,18 +160,10 @@ impl Chain {
         let pipeline =
             ComputePipeline::new(d.clone(), None, ComputePipelineCreateInfo::stage_layout(stage, layout))
                 .expect("pipeline");
-        let mut seed = 0x9E37_79B9_u32;
-        let weights: Vec<f32> = (0..LINKS * rows * COLS)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 17;
-                seed ^= seed << 5;
-                (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            })
-            .collect();
-        let w = device_local(&ctx, weights);
-        let io = device_local(&ctx, initial_io());
-        let counts = device_local(&ctx, vec![0u32; reps * LINKS + 1]);
+        let w = device_local(&ctx, &fill(LINKS * rows * COLS, 7));
+        let io = device_local(&ctx, &initial_io());
+        let counts = device_buffer::<u32>(&ctx, (reps * LINKS + 1) as u64, BufferUsage::STORAGE_BUFFER)
+            .expect("counts");
         let set = DescriptorSet::new(
             ctx.descriptors.clone(),
             pipeline.layout().set_layouts()[0].clone(),
@@ -217,7 +173,7 @@ impl Chain {
                 WriteDescriptorSet::buffer(2, counts.clone()),
                 WriteDescriptorSet::buffer(
                     3,
-                    device_local(&ctx, (0..COLS).map(|i| 0.5 + (i % 7) as f32 / 8.0).collect()),
+                    device_local(&ctx, &(0..COLS).map(|i| 0.5 + (i % 7) as f32 / 8.0).collect::<Vec<_>>()),
                 ),
             ],
             [],
@@ -274,8 +230,12 @@ impl Chain {
                     let sig = (k * LINKS + i + 1) as u32;
                     let mut in_off = ((i % 2) * REGION) as u32;
                     if order == Order::NormApart {
-                        let norm =
-                            Params { in_off, out_off: (2 * REGION) as u32, mode: 8, ..Default::default() };
+                        let norm = Params {
+                            in_off,
+                            out_off: (2 * REGION) as u32,
+                            mode: MODE_NORM_ONLY,
+                            ..Default::default()
+                        };
                         cb.push_constants_unchecked(layout, 0, &Params { rows: 1, ..norm });
                         cb.dispatch_unchecked([1, 1, 1]);
                         cb.pipeline_barrier_unchecked(&barrier(
@@ -327,22 +287,26 @@ impl Chain {
 
     /// The bytes of the links' io regions (0 and 1; not a separate norm's) after one chain.
     fn result(&self, rows: usize, order: Order, fence: &Fence) -> Vec<u32> {
-        let fresh = device_local(&self.ctx, initial_io());
-        copy(&self.ctx, fresh, self.io.clone());
+        upload(&self.ctx, &self.io, bytemuck::cast_slice(&initial_io())).expect("upload");
         self.run(&self.record(rows, 1, order), fence);
-        let host = Buffer::new_slice::<f32>(
-            self.ctx.memory.clone(),
-            BufferCreateInfo { usage: BufferUsage::TRANSFER_DST, ..Default::default() },
-            AllocationCreateInfo {
-                memory_type_filter: MemoryTypeFilter::PREFER_HOST | MemoryTypeFilter::HOST_RANDOM_ACCESS,
-                ..Default::default()
-            },
-            (3 * REGION) as u64,
+        let host = host_buffer::<u8>(&self.ctx, self.io.len(), BufferUsage::empty()).expect("readback");
+        let mut b = AutoCommandBufferBuilder::primary(
+            self.ctx.commands.clone(),
+            self.ctx.compute.queue_family_index(),
+            CommandBufferUsage::OneTimeSubmit,
         )
-        .expect("readback");
-        copy(&self.ctx, self.io.clone(), host.clone());
-        let bits = host.read().expect("read")[..2 * REGION].iter().map(|f| f.to_bits()).collect();
-        bits
+        .expect("builder");
+        b.copy_buffer(CopyBufferInfo::buffers(self.io.clone(), host.clone())).expect("copy");
+        b.build()
+            .expect("build")
+            .execute(self.ctx.compute.clone())
+            .expect("execute")
+            .then_signal_fence_and_flush()
+            .expect("flush")
+            .wait(None)
+            .expect("wait");
+        let bytes = host.read().expect("read");
+        bytemuck::cast_slice(&bytes[..2 * REGION * 4]).to_vec()
     }
 }
 
@@ -374,7 +338,7 @@ pub fn chain(index: usize) {
                 Order::Count { .. } => &reference,
             };
             if c.result(rows, order, &fence) != *expected {
-                println!("rows {rows}: {}: results DIFFER from the barrier chain's", order.label());
+                println!("rows {rows}: {}: results DIFFER from its reference (the barrier chain, or the separate norm)", order.label());
             }
         }
         let cbs: Vec<CommandBuffer> = orders.iter().map(|&o| c.record(rows, reps, o)).collect();
