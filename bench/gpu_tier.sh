@@ -9,8 +9,9 @@
 #      hit rate, and how skewed the decode routing is (share of claims on each layer's
 #      most-claimed quarter of experts, against uniform routing at the same sample size);
 #   3. the phase profiles (`generate --profile`) of a tier-off and a tier-on run.
-# With $BASE set to another build's binary, part 1 also runs that build with the tier
-# holding every expert, interleaved (an A/B of two builds in the same run).
+# With $BASE set to another build's binary, parts 1 and 2 also run that build,
+# interleaved (an A/B of two builds in the same run: the tier holding every expert, and
+# the quarter tier's decode hit rate and speed).
 #
 #   bash bench/gpu_tier.sh BIN [VAULT] [PROMPT_TOKENS] [DECODE_TOKENS]
 #
@@ -21,7 +22,7 @@
 # Without one, part 2 is skipped. Loader: like bench/vulkan_gpu.sh, it unpacks .gl/*.deb
 # when present. Output (tables and JSON) goes to stdout and, when set, to $OUT.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,21p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,23p "$0" >&2; exit 2; }
 bin=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 vault=${2:-/tmp/q30}
@@ -101,29 +102,45 @@ fi
 rm -f "$out/off.logits" "$out/all.logits"
 
 echo "== 2. decode with the VRAM tier at 1/4 of the experts ($quarter bytes), real text"
-if [ -f "$vault/tokenizer.json" ]; then
-  text=$(cat "$here/prompts/english.txt")
-  # The same prompt with one generated token: its counters are the prefill's (and the
-  # last prompt token's step), so the difference is the decode steps'.
-  tokens=1 run quarter-prefill --prompt "$text" --vram-bytes "$quarter"
-  run quarter --prompt "$text" --vram-bytes "$quarter" --trace-out "$out/quarter.trace"
-  python3 - "$out/quarter-prefill.json" "$out/quarter.json" "$out/quarter.trace" "$vault" <<'EOF'
-import collections, json, random, sys
+# NAME: one build's quarter-tier runs (runbin set for $BASE): the decode steps' hit rate
+# from the difference of a one-token run's counters and a full run's.
+quarter() {
+  local name=$1
+  tokens=1 run "$name-prefill" --prompt "$text" --vram-bytes "$quarter"
+  run "$name" --prompt "$text" --vram-bytes "$quarter" --trace-out "$out/$name.trace"
+  python3 - "$out/$name-prefill.json" "$out/$name.json" "$name" <<'EOF'
+import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
-cfg = json.load(open(sys.argv[4] + "/manifest.json"))["model"]
-ne, k = cfg["num_experts"], cfg["num_experts_per_tok"]
 va, vb = a["stats"]["vram"], b["stats"]["vram"]
 hits, fills = vb["hits"] - va["hits"], vb["fills"] - va["fills"]
+freq = vb.get("frequency_evictions", 0) - va.get("frequency_evictions", 0)
+ev = vb["evictions"] - va["evictions"]
+print(f"{sys.argv[3]}: prompt {len(b['prompt_ids'])} tokens; {len(b['token_ids']) - 1} decode steps after the "
+      f"first token: {hits} tier hits, {fills} fills -> decode hit rate {100 * hits / max(hits + fills, 1):.1f}%, "
+      f"decode {b['stats']['decode_tok_s']:.1f} tok/s; {freq} of {ev} evictions by frequency "
+      f"(prefill and first step: {va['hits']} hits, {va['fills']} fills)")
+EOF
+}
+if [ -f "$vault/tokenizer.json" ]; then
+  text=$(cat "$here/prompts/english.txt")
+  quarter quarter
+  if [ -n "${BASE:-}" ]; then
+    runbin=$(realpath "$BASE") quarter base-quarter
+    quarter quarter-again
+    runbin=$(realpath "$BASE") quarter base-quarter-again
+  fi
+  python3 - "$out/quarter.json" "$out/quarter.trace" "$vault" <<'EOF'
+import collections, json, random, sys
+b = json.load(open(sys.argv[1]))
+cfg = json.load(open(sys.argv[3] + "/manifest.json"))["model"]
+ne, k = cfg["num_experts"], cfg["num_experts_per_tok"]
 plen = len(b["prompt_ids"])
 steps = len(b["token_ids"]) - 1
-print(f"prompt {plen} tokens; {steps} decode steps after the first token: {hits} tier hits, "
-      f"{fills} fills -> decode hit rate {100 * hits / max(hits + fills, 1):.1f}% "
-      f"(prefill and first step: {va['hits']} hits, {va['fills']} fills)")
 # Skew of the decode routing: per MoE layer, the share of its claims on its most-claimed
 # quarter of experts (what a static tier of that size holding the right experts would
 # hit), against the same share under uniform routing at the same number of steps.
 per_layer = collections.defaultdict(collections.Counter)
-for line in open(sys.argv[3]):
+for line in open(sys.argv[2]):
     e = json.loads(line)
     if e["rows"] == 1 and e["pos"] >= plen:
         per_layer[e["layer"]][e["expert"]] += 1

@@ -148,6 +148,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             "hits": v.hits - s.hits,
             "fills": v.fills - s.fills,
             "evictions": v.evictions - s.evictions,
+            "frequency_evictions": v.frequency_evictions - s.frequency_evictions,
             "slots": slots,
         })
     });

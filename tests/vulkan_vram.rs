@@ -180,6 +180,7 @@ fn serve_exports_the_vram_metrics() {
     let (hits, fills, evictions) =
         (value("smoe_vram_hits_total"), value("smoe_vram_fills_total"), value("smoe_vram_evictions_total"));
     assert!(fills > 0.0 && evictions > 0.0, "{m}");
+    assert!(value("smoe_vram_frequency_evictions_total") <= evictions, "{m}");
     assert_eq!(value(r#"smoe_vram_slots{state="filled"}"#), 2.0, "{m}");
     assert_eq!(value(r#"smoe_vram_slots{state="empty"}"#) + value(r#"smoe_vram_slots{state="in_use"}"#), 0.0);
     assert_eq!(fills - evictions, 2.0, "{m}");

@@ -71,8 +71,8 @@ impl ClaimTally {
     }
 }
 
-/// One expert claim, as recorded by `--trace-out`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+/// One expert claim, as recorded by `--trace-out` (and read back by the benchmarks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClaimEvent {
     /// Position of the first token of the block that claimed the expert.
     pub pos: usize,

@@ -35,6 +35,9 @@ pub const VRAM_HITS: &str = "smoe_vram_hits_total";
 pub const VRAM_FILLS: &str = "smoe_vram_fills_total";
 /// Counter: VRAM tier slots that held an expert and were refilled with another.
 pub const VRAM_EVICTIONS: &str = "smoe_vram_evictions_total";
+/// Counter: of [`VRAM_EVICTIONS`], those whose slot the tier's frequency ranking picked
+/// (the duel between recency and frequency had frequency ahead).
+pub const VRAM_FREQUENCY_EVICTIONS: &str = "smoe_vram_frequency_evictions_total";
 /// Gauge: VRAM tier slots per state; label [`LABEL_STATE`], one of
 /// [`VRAM_SLOT_STATES`](crate::stats::VRAM_SLOT_STATES).
 pub const VRAM_SLOTS: &str = "smoe_vram_slots";

@@ -25,6 +25,9 @@ pub struct VramSnapshot {
     pub fills: u64,
     /// Slots refilled with another expert.
     pub evictions: u64,
+    /// Of `evictions`, those whose slot the frequency ranking picked (the rest: the
+    /// recency ranking; see the tier's replacement).
+    pub frequency_evictions: u64,
     /// Slots per state, indexed as [`VRAM_SLOT_STATES`].
     pub slots: [u64; 3],
     /// Device memory the tier's slots take, in bytes.

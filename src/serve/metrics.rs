@@ -49,6 +49,7 @@ const COUNTERS: &[(&str, Unit, &str)] = &[
     (VRAM_HITS, Unit::Count, "Expert claims read from the copy the VRAM tier held"),
     (VRAM_FILLS, Unit::Count, "Experts copied from the ring into the VRAM tier"),
     (VRAM_EVICTIONS, Unit::Count, "VRAM tier slots refilled with another expert"),
+    (VRAM_FREQUENCY_EVICTIONS, Unit::Count, "VRAM tier evictions whose slot the frequency ranking picked"),
     (PREFILL_TOKENS, Unit::Count, "Prompt tokens run through the model (suffix beyond the reused prefix)"),
     (DECODE_TOKENS, Unit::Count, "Tokens generated"),
     (CACHED_PROMPT_TOKENS, Unit::Count, "Prompt tokens reused from a stored session instead of prefilled"),

@@ -27,6 +27,7 @@ mod experts;
 mod kv;
 mod pipelines;
 pub mod record;
+pub mod replacement;
 mod replay;
 mod thread;
 mod timing;

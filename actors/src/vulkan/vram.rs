@@ -10,8 +10,9 @@
 //! Slots come in size classes split exactly as the ring's ([`crate::ring::classes`]):
 //! a quantised vault whose layers store their experts at different blob strides gets one
 //! class per stride, each a few device-local buffers, and a layer's experts live only in
-//! its class. Each class replaces its least recently used slot (an intrusive list over
-//! the class's slots), never one the current batch placed: when every slot of a class is
+//! its class. Each class refills the slot its [`Replacement`] ranks first (by recency or
+//! by claim frequency, whichever a duel of the two finds better on the recent claims),
+//! never one the current batch placed: when every slot of a class is
 //! taken by the batch, the caller runs the batch so far and starts a new one (the slots
 //! it used may then be refilled: the device orders the refill after the kernels that
 //! read them).
@@ -27,13 +28,16 @@
 //! byte of the result.
 
 use metrics::{Counter, Gauge};
-use smoe_proto::metric_names::{LABEL_STATE, VRAM_BYTES, VRAM_EVICTIONS, VRAM_FILLS, VRAM_HITS, VRAM_SLOTS};
+use smoe_proto::metric_names::{
+    LABEL_STATE, VRAM_BYTES, VRAM_EVICTIONS, VRAM_FILLS, VRAM_FREQUENCY_EVICTIONS, VRAM_HITS, VRAM_SLOTS,
+};
 use smoe_proto::stats::VRAM_SLOT_STATES;
 use smoe_proto::{ExpertKey, VramSnapshot};
 use vulkano::buffer::{BufferUsage, Subbuffer};
 
 use super::buffers::device_buffer;
 use super::context::VulkanContext;
+use super::replacement::Replacement;
 use super::VulkanError;
 use crate::engine::VramSize;
 use crate::model::Model;
@@ -67,9 +71,6 @@ pub enum Placement {
 struct Slot {
     /// The expert it holds (layer · experts per layer + expert), or [`NONE`].
     expert: u32,
-    /// Neighbours in its class's recency list: `prev` towards the most recently used.
-    prev: u32,
-    next: u32,
     /// The batch that last placed it (it cannot be refilled during that batch).
     batch: u64,
     /// Read or written by recorded work the host has not waited for.
@@ -87,9 +88,8 @@ struct Class {
     per_buffer: u32,
     /// Index of the class's first slot in [`VramTier::slots`].
     first: u32,
-    /// Most and least recently used slots.
-    head: u32,
-    tail: u32,
+    /// Which slot to refill; `None` where every expert has a home slot.
+    replacement: Option<Replacement>,
 }
 
 /// The Prometheus handles the tier updates (no-ops without a recorder).
@@ -97,6 +97,7 @@ struct Published {
     hits: Counter,
     fills: Counter,
     evictions: Counter,
+    frequency_evictions: Counter,
     slots: [Gauge; 3],
     /// The counts already added to the counters.
     sent: VramSnapshot,
@@ -212,6 +213,7 @@ impl VramTier {
                 hits: metrics::counter!(VRAM_HITS),
                 fills: metrics::counter!(VRAM_FILLS),
                 evictions: metrics::counter!(VRAM_EVICTIONS),
+                frequency_evictions: metrics::counter!(VRAM_FREQUENCY_EVICTIONS),
                 slots: VRAM_SLOT_STATES.map(|s| metrics::gauge!(VRAM_SLOTS, LABEL_STATE => s)),
                 sent: VramSnapshot::default(),
             },
@@ -238,10 +240,8 @@ impl VramTier {
             }
             let first = tier.slots.len() as u32;
             let n = c.slots as u32;
-            tier.slots.extend((0..n).map(|i| Slot {
+            tier.slots.extend((0..n).map(|_| Slot {
                 expert: NONE,
-                prev: if i == 0 { NONE } else { first + i - 1 },
-                next: if i + 1 == n { NONE } else { first + i + 1 },
                 batch: 0,
                 busy: false,
                 unconfirmed: false,
@@ -257,8 +257,7 @@ impl VramTier {
                 buffers,
                 per_buffer: per_buffer as u32,
                 first,
-                head: first,
-                tail: first + n - 1,
+                replacement: (!homes).then(|| Replacement::new(first..first + n)),
             });
         }
         tier.stats.bytes = plan.iter().map(|c| (c.slots * c.stride) as u64).sum();
@@ -351,14 +350,18 @@ impl VramTier {
     }
 
     /// Counts the reads of a device-routed step of decoder layer `layer`, which found
-    /// `experts` in the tier: hits, each slot becoming its class's most recently used.
+    /// `experts` in the tier: hits, each a claim its class's replacement counts.
     pub fn touch(&mut self, layer: usize, experts: &[u16]) {
         let Some(&c) = self.layer_class.get(layer).filter(|&&c| c != NONE) else { return };
         for &e in experts {
-            let s = self.slot_of[layer * self.experts_per_layer + e as usize];
+            let flat = (layer * self.experts_per_layer + e as usize) as u32;
+            let s = self.slot_of[flat as usize];
             if s != NONE {
                 self.stats.hits += 1;
-                self.promote(c as usize, s);
+                if let Some(r) = &mut self.classes[c as usize].replacement {
+                    r.claim(flat);
+                    r.hold(s, flat);
+                }
             }
         }
     }
@@ -375,25 +378,31 @@ impl VramTier {
         let (layer, e) = (key.layer as usize, key.expert as usize);
         let c = *self.layer_class.get(layer).filter(|&&c| c != NONE)? as usize;
         let flat = layer * self.experts_per_layer + e;
+        if let Some(r) = &mut self.classes[c].replacement {
+            r.claim(flat as u32);
+        }
         let s = self.slot_of[flat];
         if s != NONE {
             self.stats.hits += 1;
-            self.use_slot(c, s);
+            self.use_slot(c, s, flat as u32);
             return Some(Placement::Hit(self.range(c, s, len)));
         }
-        // The expert's home slot (which no other expert uses), else the least recently
-        // used slot the current batch has not placed.
-        let v = match self.home[layer] {
-            NONE => self.least_recent_unplaced(c),
-            h => h + e as u32,
+        // The expert's home slot (which no other expert uses), else the slot the
+        // replacement ranks first among those the current batch has not placed.
+        let v = match (self.home[layer], &self.classes[c].replacement) {
+            (NONE, Some(r)) => match r.victim(|s| self.slots[s as usize].batch != self.batch) {
+                Some(v) => v,
+                None => return Some(Placement::Full),
+            },
+            (h, _) => h + e as u32,
         };
-        if v == NONE {
-            return Some(Placement::Full);
-        }
         let old = self.slots[v as usize].expert;
         if old != NONE {
             self.slot_of[old as usize] = NONE;
             self.stats.evictions += 1;
+            if self.classes[c].replacement.as_ref().is_some_and(Replacement::by_frequency) {
+                self.stats.frequency_evictions += 1;
+            }
         } else {
             self.stats.slots[0] -= 1;
             self.stats.slots[1] += 1;
@@ -403,22 +412,13 @@ impl VramTier {
         self.slot_of[flat] = v;
         self.version += 1;
         self.stats.fills += 1;
-        self.use_slot(c, v);
+        self.use_slot(c, v, flat as u32);
         Some(Placement::Fill(self.range(c, v, len)))
     }
 
-    /// The least recently used slot of class `c` the current batch has not placed, or
-    /// [`NONE`].
-    fn least_recent_unplaced(&self, c: usize) -> u32 {
-        let mut v = self.classes[c].tail;
-        while v != NONE && self.slots[v as usize].batch == self.batch {
-            v = self.slots[v as usize].prev;
-        }
-        v
-    }
-
-    /// Marks slot `s` of class `c` placed by this batch, busy, and most recently used.
-    fn use_slot(&mut self, c: usize, s: u32) {
+    /// Marks slot `s` of class `c` placed by this batch and busy, holding `expert`
+    /// just claimed.
+    fn use_slot(&mut self, c: usize, s: u32, expert: u32) {
         let slot = &mut self.slots[s as usize];
         slot.batch = self.batch;
         if !slot.busy {
@@ -427,34 +427,9 @@ impl VramTier {
             self.stats.slots[1] -= 1;
             self.stats.slots[2] += 1;
         }
-        self.promote(c, s);
-    }
-
-    /// Makes slot `s` of class `c` its most recently used.
-    fn promote(&mut self, c: usize, s: u32) {
-        self.unlink(c, s);
-        let head = self.classes[c].head;
-        self.slots[s as usize].next = head;
-        match head {
-            NONE => self.classes[c].tail = s,
-            h => self.slots[h as usize].prev = s,
+        if let Some(r) = &mut self.classes[c].replacement {
+            r.hold(s, expert);
         }
-        self.classes[c].head = s;
-    }
-
-    /// Takes slot `s` out of class `c`'s recency list.
-    fn unlink(&mut self, c: usize, s: u32) {
-        let (prev, next) = (self.slots[s as usize].prev, self.slots[s as usize].next);
-        match prev {
-            NONE => self.classes[c].head = next,
-            p => self.slots[p as usize].next = next,
-        }
-        match next {
-            NONE => self.classes[c].tail = prev,
-            n => self.slots[n as usize].prev = prev,
-        }
-        self.slots[s as usize].prev = NONE;
-        self.slots[s as usize].next = NONE;
     }
 
     /// The first `len` bytes of slot `s` of class `c`.
@@ -479,7 +454,7 @@ impl VramTier {
     }
 
     /// The recorded work was abandoned: slots it filled may not hold their experts, so
-    /// they go back to empty (least recently used, refilled first).
+    /// they go back to empty (refilled first).
     pub fn abandon(&mut self) {
         for s in std::mem::take(&mut self.busy) {
             let slot = &mut self.slots[s as usize];
@@ -494,14 +469,9 @@ impl VramTier {
             self.version += 1;
             self.stats.slots[0] += 1;
             let c = self.layer_class[flat as usize / self.experts_per_layer] as usize;
-            self.unlink(c, s);
-            let tail = self.classes[c].tail;
-            self.slots[s as usize].prev = tail;
-            match tail {
-                NONE => self.classes[c].head = s,
-                t => self.slots[t as usize].next = s,
+            if let Some(r) = &mut self.classes[c].replacement {
+                r.empty(s);
             }
-            self.classes[c].tail = s;
         }
         self.publish();
     }
@@ -513,6 +483,7 @@ impl VramTier {
         p.hits.increment(s.hits - p.sent.hits);
         p.fills.increment(s.fills - p.sent.fills);
         p.evictions.increment(s.evictions - p.sent.evictions);
+        p.frequency_evictions.increment(s.frequency_evictions - p.sent.frequency_evictions);
         for (g, n) in p.slots.iter().zip(s.slots) {
             g.set(n as f64);
         }
