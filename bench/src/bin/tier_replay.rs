@@ -1,8 +1,9 @@
 //! The VRAM tier's slot replacement replayed on a claim trace (`generate --trace-out`):
 //! the share of decode claims that would hit a tier of a given size with the engine's
 //! replacement (`smoe_actors::vulkan::replacement`: recency or frequency, picked by a
-//! duel), with plain LRU (what the tier did before), and with the optimum (Belady:
-//! evict the expert claimed furthest ahead), in the same run.
+//! duel), with plain LRU (what the tier did before), with plain LFU (frequency alone),
+//! and with the optimum (Belady: evict the expert claimed furthest ahead), in the same
+//! run.
 //!
 //!   tier_replay TRACE [SHARE ...]
 //!
@@ -71,6 +72,31 @@ impl Policy for Lru {
     }
     fn hold(&mut self, s: u32, _: u32, _: usize) {
         self.last[s as usize] = self.clock;
+    }
+}
+
+/// Least frequently used: per expert its claim count, per slot its expert and last use;
+/// the slot of the least claimed expert goes first, the least recent among equals.
+struct Lfu {
+    count: HashMap<u32, u64>,
+    held: Vec<(u32, u64)>,
+    clock: u64,
+}
+
+impl Policy for Lfu {
+    fn claim(&mut self, x: u32) {
+        self.clock += 1;
+        *self.count.entry(x).or_default() += 1;
+    }
+    fn victim(&mut self, placed: &dyn Fn(u32) -> bool, _: usize) -> Option<u32> {
+        let key = |s: u32| match self.held[s as usize] {
+            (_, 0) => (0, 0),
+            (x, last) => (self.count[&x], last),
+        };
+        (0..self.held.len() as u32).filter(|&s| !placed(s)).min_by_key(|&s| key(s))
+    }
+    fn hold(&mut self, s: u32, x: u32, _: usize) {
+        self.held[s as usize] = (x, self.clock);
     }
 }
 
@@ -198,12 +224,21 @@ fn main() {
         "{path}: {} claims, first block {prompt} tokens, {layers} layers × {experts} experts",
         events.len()
     );
-    println!("| tier (share of {total} experts) | LRU | engine (recency/frequency duel) | evictions by frequency | optimum (Belady) |");
-    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| tier (share of {total} experts) | LRU | LFU | engine (recency/frequency duel) | evictions by frequency \
+         | optimum (Belady) |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
     for share in shares {
         let slots = ((total as f64 * share).round() as u32).max(1);
         let rate = |(h, c): (u64, u64)| 100.0 * h as f64 / c.max(1) as f64;
         let lru = replay(&steps, prompt, slots, &mut Lru { last: vec![0; slots as usize], clock: 0 });
+        let lfu = replay(
+            &steps,
+            prompt,
+            slots,
+            &mut Lfu { count: HashMap::new(), held: vec![(0, 0); slots as usize], clock: 0 },
+        );
         let mut engine = Engine { r: Replacement::new(0..slots), victims: 0, by_frequency: 0 };
         let ours = replay(&steps, prompt, slots, &mut engine);
         let opt = replay(
@@ -213,9 +248,10 @@ fn main() {
             &mut Belady { uses: uses.clone(), held: vec![None; slots as usize] },
         );
         println!(
-            "| {slots} ({:.0}%) | {:.1}% | {:.1}% | {:.0}% of {} | {:.1}% |",
+            "| {slots} ({:.0}%) | {:.1}% | {:.1}% | {:.1}% | {:.0}% of {} | {:.1}% |",
             share * 100.0,
             rate(lru),
+            rate(lfu),
             rate(ours),
             100.0 * engine.by_frequency as f64 / engine.victims.max(1) as f64,
             engine.victims,
