@@ -135,8 +135,8 @@ impl Replacement {
         r
     }
 
-    /// Counts a claim of `expert` (a hit or a fill: call before [`Replacement::victim`]
-    /// and [`Replacement::hold`]) and plays it in both shadows.
+    /// Counts a claim of `expert` (a hit, or a fill after its [`Replacement::victim`];
+    /// then [`Replacement::hold`] its slot) and plays it in both shadows.
     pub fn claim(&mut self, expert: u32) {
         self.clock += 1;
         let seen = self.seen.entry(expert).or_insert((0, 0));
@@ -185,7 +185,6 @@ mod tests {
         let mut lru: VecDeque<u32> = VecDeque::new();
         let (mut dueled, mut plain) = (0, 0);
         for &x in claims {
-            r.claim(x);
             let s = match held.get(&x) {
                 Some(&s) => {
                     dueled += 1;
@@ -198,6 +197,7 @@ mod tests {
                     s
                 }
             };
+            r.claim(x);
             r.hold(s, x);
             match lru.iter().position(|&y| y == x) {
                 Some(i) => {

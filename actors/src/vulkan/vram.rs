@@ -378,23 +378,21 @@ impl VramTier {
         let (layer, e) = (key.layer as usize, key.expert as usize);
         let c = *self.layer_class.get(layer).filter(|&&c| c != NONE)? as usize;
         let flat = layer * self.experts_per_layer + e;
-        if let Some(r) = &mut self.classes[c].replacement {
-            r.claim(flat as u32);
-        }
         let s = self.slot_of[flat];
         if s != NONE {
             self.stats.hits += 1;
             self.use_slot(c, s, flat as u32);
             return Some(Placement::Hit(self.range(c, s, len)));
         }
-        // The expert's home slot (which no other expert uses), else the slot the
-        // replacement ranks first among those the current batch has not placed.
-        let v = match (self.home[layer], &self.classes[c].replacement) {
-            (NONE, Some(r)) => match r.victim(|s| self.slots[s as usize].batch != self.batch) {
+        // The slot the replacement ranks first among those the current batch has not
+        // placed, or in a class without one, the expert's home slot (which no other
+        // expert uses).
+        let v = match &self.classes[c].replacement {
+            Some(r) => match r.victim(|s| self.slots[s as usize].batch != self.batch) {
                 Some(v) => v,
                 None => return Some(Placement::Full),
             },
-            (h, _) => h + e as u32,
+            None => self.home[layer] + e as u32,
         };
         let old = self.slots[v as usize].expert;
         if old != NONE {
@@ -416,8 +414,8 @@ impl VramTier {
         Some(Placement::Fill(self.range(c, v, len)))
     }
 
-    /// Marks slot `s` of class `c` placed by this batch and busy, holding `expert`
-    /// just claimed.
+    /// Marks slot `s` of class `c` placed by this batch and busy, holding `expert`,
+    /// whose claim the replacement counts.
     fn use_slot(&mut self, c: usize, s: u32, expert: u32) {
         let slot = &mut self.slots[s as usize];
         slot.batch = self.batch;
@@ -428,6 +426,7 @@ impl VramTier {
             self.stats.slots[2] += 1;
         }
         if let Some(r) = &mut self.classes[c].replacement {
+            r.claim(expert);
             r.hold(s, expert);
         }
     }

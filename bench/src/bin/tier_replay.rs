@@ -28,7 +28,7 @@ struct Step {
 
 /// A policy under test: which slot to refill given the slots the batch may not touch.
 trait Policy {
-    /// A claim of `x` (before any victim is chosen for it).
+    /// A claim of `x` (after the victim for it, if it missed, was chosen).
     fn claim(&mut self, x: u32);
     /// The slot to refill, skipping `placed` ones.
     fn victim(&mut self, placed: &dyn Fn(u32) -> bool, step: usize) -> Option<u32>;
@@ -135,7 +135,6 @@ fn replay(steps: &[Step], prompt: usize, slots: u32, policy: &mut dyn Policy) ->
         // A batch id per part of the step (a new part when every slot is placed).
         let mut part = i * 1024;
         for &x in &step.experts {
-            policy.claim(x);
             claims += decode as u64;
             let s = match slot_of.get(&x) {
                 Some(&s) => {
@@ -158,6 +157,7 @@ fn replay(steps: &[Step], prompt: usize, slots: u32, policy: &mut dyn Policy) ->
                 }
             };
             batch[s as usize] = part;
+            policy.claim(x);
             policy.hold(s, x, i);
         }
     }
