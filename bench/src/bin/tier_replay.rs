@@ -225,7 +225,7 @@ fn main() {
         events.len()
     );
     println!(
-        "| tier (share of {total} experts) | LRU | LFU | engine (recency/frequency duel) | evictions by frequency \
+        "| tier (share of {total} experts) | LRU | LFU | engine (recency/frequency duel) | victims picked by frequency \
          | optimum (Belady) |"
     );
     println!("| --- | --- | --- | --- | --- | --- |");
