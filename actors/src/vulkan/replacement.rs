@@ -9,12 +9,12 @@
 //! the recent claims (a claim's outcome weighs e^(−age / ([`WINDOW`] × slots)), its age
 //! counted in claims) picks the victim. An empty slot is always taken first.
 //!
-//! Why both (`bench/README.md`, measured on the engine's claim traces): a trained
-//! model's decode routing has token-to-token locality, which recency serves and
-//! frequency alone does not (30 points of hit rate lost at a quarter of the experts),
-//! while routing skewed towards some experts without locality is served by frequency
-//! (33% of decode claims hit against LRU's 25%). The duel matched the better of the two
-//! on both.
+//! Why both (`bench/README.md`, measured on the engine's claim traces of synthetic
+//! vaults): decode routing with token-to-token locality, as trained models route (the
+//! synth's `trained` profile), is served by recency and not by frequency alone (30
+//! points of hit rate lost at a quarter of the experts), while routing skewed towards
+//! some experts without locality is served by frequency (33% of decode claims hit
+//! against LRU's 25%). The duel matched the better of the two on both.
 //!
 //! The rankings decide only which copy is kept: expert weights are immutable and every
 //! claim reads its expert's bytes, so no policy changes a byte of the result.

@@ -358,10 +358,7 @@ impl VramTier {
             let s = self.slot_of[flat as usize];
             if s != NONE {
                 self.stats.hits += 1;
-                if let Some(r) = &mut self.classes[c as usize].replacement {
-                    r.claim(flat);
-                    r.hold(s, flat);
-                }
+                self.count_claim(c as usize, s, flat);
             }
         }
     }
@@ -425,6 +422,12 @@ impl VramTier {
             self.stats.slots[1] -= 1;
             self.stats.slots[2] += 1;
         }
+        self.count_claim(c, s, expert);
+    }
+
+    /// Counts a claim of `expert`, held in slot `s` of class `c`, in the class's
+    /// replacement (if it has one).
+    fn count_claim(&mut self, c: usize, s: u32, expert: u32) {
         if let Some(r) = &mut self.classes[c].replacement {
             r.claim(expert);
             r.hold(s, expert);
