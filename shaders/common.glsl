@@ -40,6 +40,8 @@
 #define FLAG_GATHER 2u       // x row of token j is route_u[map_off + j] / map_div
 #define FLAG_SCATTER 4u      // out row of token j is route_u[map_off + j]
 #define FLAG_TABLE 8u        // workgroup y is an entry of the expert table at tab_off
+#define FLAG_COMBINE 16u     // m=1, with TABLE: lane group g is entry g; the MoE combine
+                             // of the rows is added to the residual (matmul.comp)
 
 // Activations (one f32 arena, regions addressed by push-constant offsets) and the
 // host-written routing data (pair lists as uint, routing weights as float).

@@ -21,6 +21,13 @@
 // (UNIT_BYTES) to w_off and w2_off; first pair p0; pair count n); its tokens are pairs
 // p0 .. p0 + n - 1, whose input and output rows follow FLAG_GATHER / FLAG_SCATTER (or are
 // the pair index itself).
+// With FLAG_COMBINE as well (m=1 kernels; a decode step whose k experts are in one
+// table, one pair each, the pair list holding their ranks), lane group g of a workgroup
+// of k lane groups takes entry g for the workgroup's RPT rows, and the workgroup adds
+// their MoE combine to the residual at out_off as accumulate.comp does: per row, the sum
+// over ranks r in rank order of y_r · route_f[wt_off + r], then the residual plus it. The
+// y_r are the bytes the kernel writes without the flag, so the result is the bytes of the
+// down projection followed by accumulate.comp, without the dispatch between them.
 //
 // With EMBED the module is the embedding lookup of a table stored in the weight type
 // instead (see its main).
@@ -65,6 +72,7 @@ layout(push_constant) uniform Params {
     uint out3_off;
     uint split3;
     uint out4_off;
+    uint wt_off;     // route_f offset of the routing weights (FLAG_COMBINE)
 } pc;
 
 // Loops whose body indexes a register array (wrow, xb, wq, uq, wv, uv, xq, acc) are
@@ -217,12 +225,14 @@ void main() {
     uint f = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
     uint lane = f % LANES;
     uint grp = f / LANES;
-    uint rowb = (gl_WorkGroupID.x * (WG_SIZE / LANES) + grp) * RPT;
+    // FLAG_COMBINE: the workgroup's lane groups share its rows, one table entry each.
+    bool comb = TB == 1 && (pc.flags & FLAG_COMBINE) != 0u;
+    uint rowb = comb ? gl_WorkGroupID.x * RPT : (gl_WorkGroupID.x * (WG_SIZE / LANES) + grp) * RPT;
     uint delta = 0u;
     uint p0 = 0u;
     uint n = pc.m;
     if ((pc.flags & FLAG_TABLE) != 0u) {
-        uint te = pc.tab_off + 3u * gl_WorkGroupID.y;
+        uint te = pc.tab_off + 3u * (comb ? grp : gl_WorkGroupID.y);
         delta = route_u[te] / UNIT_BYTES;
         p0 = route_u[te + 1u];
         n = route_u[te + 2u];
@@ -240,7 +250,10 @@ void main() {
 #define WROW wrow[r] = min(rowb + min(r, RPT - 1u), pc.rows - 1u) * ROW_UNITS;
     FOR_R(WROW)
 
-    for (uint t0 = 0u; t0 < n; t0 += TB) {
+    // A combining workgroup makes one pass whatever its entries' counts (an absent
+    // entry, count 0, only in a step the host voids), so every lane group meets its
+    // barriers.
+    for (uint t0 = 0u; t0 < (comb ? 1u : n); t0 += TB) {
         precise float acc[NA];
 #define ZERO acc[a] = 0.0;
         FOR_A(ZERO)
@@ -354,6 +367,29 @@ void main() {
 #define TREE_SHUFFLE acc[a] = acc[a] + subgroupShuffleXor(acc[a], s);
             FOR_A(TREE_SHUFFLE)
         }
+#if TB == 1
+        if (comb) {
+            // Each entry's rows at its rank (red is free: the tree above ends with a
+            // barrier where it used it), then the combine of row rowb + f.
+            if (lane == 0u && n > 0u) {
+                uint rank = min(out_row(p0), WG_SIZE / LANES - 1u);
+                FOR_R(if (r < RPT) { red[rank * RPT + r] = acc[ACC(0u, r, 0u)]; })
+            }
+            barrier();
+            uint row = rowb + f;
+            if (f < RPT && row < pc.rows) {
+                uint xi = pc.out_off + row;
+                float res = ACT(xi);
+                precise float a = 0.0;
+                for (uint r = 0u; r < WG_SIZE / LANES; r++) {
+                    a = a + red[r * RPT + f] * route_f[pc.wt_off + r];
+                }
+                precise float x = res + a;
+                ACT(xi) = x;
+            }
+            continue;
+        }
+#endif
         if (lane == 0u) {
 #define STORE                                                                            \
     uint row = rowb + r;                                                                 \

@@ -173,7 +173,8 @@ void main() {
     //   0 .. k:              the pair list (pair r is token 0's rank r)
     //   k .. 2k:             the routing weights (as above, as float bits)
     //   2k + 3k·b ..:        tier buffer b's expert table, k entries of (byte offset,
-    //                        first pair, 1 pair), its experts first
+    //                        first pair, 1 pair), its experts first (in rank order),
+    //                        then (0, 0, 0) for the rest
     // buffer b's dispatch sizes at 6b of `sizes` (n = its experts), the count of routed
     // experts the tier does not hold at ne + k of the output row (then the step is void:
     // the caller runs it again host-routed), and the output row's ranks, weights and
@@ -199,6 +200,14 @@ void main() {
                 route_u[at + 2u] = 1u;
                 n++;
             }
+        }
+        // The rest of the k entries as (0, pair 0, no pairs): a combining down projection
+        // (matmul.comp's FLAG_COMBINE) reads all k of a buffer's.
+        for (uint j = n; j < pc.k; j++) {
+            uint at = o + 2u * pc.k + 3u * (pc.k * b + j);
+            route_u[at] = 0u;
+            route_u[at + 1u] = 0u;
+            route_u[at + 2u] = 0u;
         }
         sizes[6u * b] = pc.gu_groups;
         sizes[6u * b + 1u] = n;

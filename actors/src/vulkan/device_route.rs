@@ -12,10 +12,15 @@
 //! runs again host-routed, which fills the tier; else the tier counts the hits. The
 //! ranking is the same kernel's as a host-routed block's (`route`) and the expert
 //! kernels are the m=1 ones, so a device-routed step gives the same bytes as a
-//! host-routed one.
+//! host-routed one. Where one tier buffer holds the layer's experts (the tier's home
+//! slots give a layer whole buffers), the down projection adds the combine to the
+//! residual itself ([`super::record::FLAG_COMBINE`]: the same bytes, one dependent
+//! dispatch fewer per layer).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use smoe_proto::DType;
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::DispatchIndirectCommand;
 use vulkano::descriptor_set::DescriptorSet;
@@ -23,11 +28,11 @@ use vulkano::descriptor_set::DescriptorSet;
 use super::backend::VulkanBackend;
 use super::buffers::{device_buffer, upload_buffer, verr};
 use super::context::VulkanContext;
-use super::pipelines::Kernels;
-use super::record::{set0, MatmulArgs, Projection};
+use super::pipelines::{Kernel, Kernels};
+use super::record::{set0, MatmulArgs, Projection, FLAG_COMBINE};
 use super::vram::VramTier;
 use super::VulkanError;
-use crate::contract::ForwardError;
+use crate::contract::{ForwardError, Plane};
 use crate::model::Model;
 use crate::vault::TensorRef;
 
@@ -53,6 +58,9 @@ pub struct DeviceRoutes {
     sizes: Subbuffer<[DispatchIndirectCommand]>,
     /// (layer, ranks) of each step recorded in the current pass.
     layers: Vec<(usize, usize)>,
+    /// Per expert down-projection weight type met so far, its combining down kernel
+    /// ([`Kernels::down_combine`]; `None`: too large a workgroup for the device).
+    combine: BTreeMap<DType, Option<Kernel>>,
 }
 
 impl DeviceRoutes {
@@ -84,7 +92,14 @@ impl DeviceRoutes {
             &kernels.route_table,
             &[slots.clone().into_bytes(), sizes.clone().into_bytes(), io.clone().into_bytes()],
         )?;
-        Ok(Some(DeviceRoutes { slots, set, written: None, sizes, layers: Vec::new() }))
+        Ok(Some(DeviceRoutes {
+            slots,
+            set,
+            written: None,
+            sizes,
+            layers: Vec::new(),
+            combine: BTreeMap::new(),
+        }))
     }
 }
 
@@ -92,6 +107,22 @@ impl DeviceRoutes {
     /// The pass was abandoned: the steps recorded in it are forgotten.
     pub fn abandon(&mut self) {
         self.layers.clear();
+    }
+
+    /// The combining down kernel for `k` experts whose down projections are `dtype`,
+    /// built on first use.
+    fn combine_kernel(
+        &mut self,
+        kernels: &Kernels,
+        dtype: DType,
+        k: usize,
+    ) -> Result<Option<Kernel>, VulkanError> {
+        if let Some(kd) = self.combine.get(&dtype) {
+            return Ok(kd.clone());
+        }
+        let kd = kernels.down_combine(dtype, k)?;
+        self.combine.insert(dtype, kd.clone());
+        Ok(kd)
     }
 }
 
@@ -127,8 +158,12 @@ impl VulkanBackend {
         }
         let buffers: Vec<Subbuffer<[u8]>> = tier.layer_buffers(l).to_vec();
         let (nb, set, sizes) = (buffers.len(), routes.set.clone(), routes.sizes.clone());
-        let (g0, d0) = self.expert_args(&layout);
         let kernels = self.kernels.clone();
+        let fused = match nb {
+            1 => routes.combine_kernel(&kernels, layout.down.dtype, k)?,
+            _ => None,
+        };
+        let (g0, d0) = self.expert_args(&layout);
         let groups = |p: Projection, dtype, a: &MatmulArgs| -> Result<u32, VulkanError> {
             Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false, a.rows).rows_per_wg()))
         };
@@ -173,15 +208,25 @@ impl VulkanBackend {
                 g,
                 sizes.clone().slice(at..at + 1),
             )?;
-            rec.matmul_indirect(
-                Projection::Down,
-                layout.down.dtype,
-                down,
-                d,
-                sizes.clone().slice(at + 1..at + 2),
-            )?;
+            match &fused {
+                Some(kd) => {
+                    let flags = d.flags | FLAG_COMBINE;
+                    let (out_off, wt_off) = (a.at(Plane::X), (fast_off + k) as u32);
+                    rec.down_combine(kd, down, MatmulArgs { flags, out_off, wt_off, ..d })?
+                }
+                None => rec.matmul_indirect(
+                    Projection::Down,
+                    layout.down.dtype,
+                    down,
+                    d,
+                    sizes.clone().slice(at + 1..at + 2),
+                )?,
+            }
         }
-        self.record_combine(1, (fast_off + k) as u32)
+        match fused {
+            Some(_) => Ok(()),
+            None => self.record_combine(1, (fast_off + k) as u32),
+        }
     }
 
     /// After the sync point ending a pass of device-routed steps: each step's ranking

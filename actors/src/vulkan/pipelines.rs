@@ -133,6 +133,15 @@ impl Kernel {
         }
     }
 
+    /// Rows one lane group computes: the matmul kernels' rows per lane group, 1 for the
+    /// others.
+    pub fn rows_per_lane_group(&self) -> u32 {
+        match self.spec {
+            Some(Spec::Matmul { rows, .. }) => rows,
+            _ => 1,
+        }
+    }
+
     /// Layout of the kernel's own descriptor set (set 0).
     pub fn set0(&self) -> Arc<DescriptorSetLayout> {
         self.layout.set_layouts()[0].clone()
@@ -309,6 +318,23 @@ impl Kernels {
             delta: super::delta::DeltaKernels::new(device, &act_layout)?,
             act_layout,
         })
+    }
+
+    /// The m=1 expert down projection of weights of `dtype` with the MoE combine of a
+    /// decode step's `k` experts ([`super::record::FLAG_COMBINE`]): `down`'s module and
+    /// rows per lane group, `k` lane groups per workgroup; `None` where such a workgroup
+    /// is larger than the device allows.
+    pub fn down_combine(&self, dtype: DType, k: usize) -> Result<Option<Kernel>, VulkanError> {
+        let t = self.tuning;
+        let wg = k as u64 * t.lanes as u64;
+        let limits = self.device.physical_device().properties();
+        if wg > limits.max_compute_work_group_invocations as u64
+            || wg > limits.max_compute_work_group_size[0] as u64
+        {
+            return Ok(None);
+        }
+        let spec = Spec::Matmul { rows: t.rows_down, unroll: t.unroll, lanes: t.lanes, wg: wg as u32 };
+        Ok(Some(kernel(&self.device, &self.act_layout, &format!("matvec_{}", dtype.name()), Some(spec))?))
     }
 
     /// The kernels for weights of `dtype` (module suffix: the type's manifest name),

@@ -27,6 +27,12 @@ pub const FLAG_GATHER: u32 = 2;
 pub const FLAG_SCATTER: u32 = 4;
 /// One dispatch over `groups` experts, described by the table at `tab_off`.
 pub const FLAG_TABLE: u32 = 8;
+/// With [`FLAG_TABLE`], in an m=1 kernel of `k` lane groups per workgroup
+/// ([`super::pipelines::Kernels::down_combine`]): lane group g takes table entry g, and the
+/// workgroup adds the MoE combine of its rows (routing weights at `wt_off`) to the
+/// residual at `out_off`, the bytes of the down projection followed by the `accumulate`
+/// kernel.
+pub const FLAG_COMBINE: u32 = 16;
 
 /// Push constants of the matmul and gate/up kernels (see `shaders/matmul.comp`).
 #[derive(Clone, Copy, Debug, Default)]
@@ -64,10 +70,12 @@ pub struct MatmulArgs {
     /// another and multiplied as one (`out_at` in `shaders/matmul.comp`): (first row,
     /// activation offset of that row's output) each; a first row of 0 marks no member.
     pub stack: [(u32, u32); 3],
+    /// Routing-buffer offset of the routing weights (with [`FLAG_COMBINE`]).
+    pub wt_off: u32,
 }
 
 impl MatmulArgs {
-    fn words(&self) -> [u32; 19] {
+    fn words(&self) -> [u32; 20] {
         let [s1, s2, s3] = self.stack.map(|(row, out)| if row == 0 { (u32::MAX, 0) } else { (row, out) });
         [
             self.rows,
@@ -89,10 +97,15 @@ impl MatmulArgs {
             s2.1,
             s3.0,
             s3.1,
+            self.wt_off,
         ]
     }
 
     fn groups(&self, k: &Kernel) -> [u32; 3] {
+        if self.flags & FLAG_COMBINE != 0 {
+            // The lane groups of a workgroup share its rows, one entry each.
+            return [self.rows.div_ceil(k.rows_per_lane_group()), 1, 1];
+        }
         let y = if self.flags & FLAG_TABLE != 0 { self.groups } else { 1 };
         [self.rows.div_ceil(k.rows_per_wg()), y, 1]
     }
@@ -290,6 +303,20 @@ impl Recorder {
     ) -> Result<(), VulkanError> {
         let k = p.kernel(self.kernels.typed(dtype)?, batched, a.rows).clone();
         self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
+    }
+
+    /// The down projection of a decode step's experts combined into the residual in one
+    /// dispatch: `kernel` is [`super::pipelines::Kernels::down_combine`]'s for the
+    /// experts' `k` and weight type, `a` carries [`FLAG_COMBINE`] and [`FLAG_TABLE`].
+    pub fn down_combine(
+        &mut self,
+        kernel: &Kernel,
+        set: Arc<DescriptorSet>,
+        a: MatmulArgs,
+    ) -> Result<(), VulkanError> {
+        self.dispatch_as(kernel, Some(set), a.words(), a.groups(kernel), || {
+            format!("{} +combine", shape_label(kernel, &a))
+        })
     }
 
     /// The embedding lookup of `a.m` tokens from a table of `dtype` bound in `set`
