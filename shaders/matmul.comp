@@ -250,9 +250,9 @@ void main() {
 #define WROW wrow[r] = min(rowb + min(r, RPT - 1u), pc.rows - 1u) * ROW_UNITS;
     FOR_R(WROW)
 
-    // A combining workgroup makes one pass whatever its entries' counts (an absent
-    // entry, count 0, only in a step the host voids), so every lane group meets its
-    // barriers.
+    // A combining workgroup makes one pass whatever its entries' counts (an expert the
+    // buffer does not hold has count 0, only in a step the host voids), so every lane
+    // group meets its barriers.
     for (uint t0 = 0u; t0 < (comb ? 1u : n); t0 += TB) {
         precise float acc[NA];
 #define ZERO acc[a] = 0.0;
@@ -370,10 +370,12 @@ void main() {
 #if TB == 1
         if (comb) {
             // Each entry's rows at its rank (red is free: the tree above ends with a
-            // barrier where it used it), then the combine of row rowb + f.
-            if (lane == 0u && n > 0u) {
+            // barrier where it used it), 0 for an expert the table's buffer does not hold
+            // (count 0: a step the host voids, whose sums stay finite), then the combine
+            // of row rowb + f.
+            if (lane == 0u) {
                 uint rank = min(out_row(p0), WG_SIZE / LANES - 1u);
-                FOR_R(if (r < RPT) { red[rank * RPT + r] = acc[ACC(0u, r, 0u)]; })
+                FOR_R(if (r < RPT) { red[rank * RPT + r] = n > 0u ? acc[ACC(0u, r, 0u)] : 0.0; })
             }
             barrier();
             uint row = rowb + f;

@@ -174,7 +174,8 @@ void main() {
     //   k .. 2k:             the routing weights (as above, as float bits)
     //   2k + 3k·b ..:        tier buffer b's expert table, k entries of (byte offset,
     //                        first pair, 1 pair), its experts first (in rank order),
-    //                        then (0, 0, 0) for the rest
+    //                        then (0, first pair, 0 pairs) for each routed expert it
+    //                        does not hold
     // buffer b's dispatch sizes at 6b of `sizes` (n = its experts), the count of routed
     // experts the tier does not hold at ne + k of the output row (then the step is void:
     // the caller runs it again host-routed), and the output row's ranks, weights and
@@ -201,13 +202,19 @@ void main() {
                 n++;
             }
         }
-        // The rest of the k entries as (0, pair 0, no pairs): a combining down projection
-        // (matmul.comp's FLAG_COMBINE) reads all k of a buffer's.
-        for (uint j = n; j < pc.k; j++) {
-            uint at = o + 2u * pc.k + 3u * (pc.k * b + j);
-            route_u[at] = 0u;
-            route_u[at + 1u] = 0u;
-            route_u[at + 2u] = 0u;
+        // Then the routed experts the buffer does not hold, as (0, their pair, no pairs):
+        // a combining down projection (matmul.comp's FLAG_COMBINE) reads all k entries of a
+        // buffer and gives those ranks no term.
+        uint j = n;
+        for (uint r = 0u; r < pc.k; r++) {
+            uint e = order[r];
+            if (e >= pc.ne || slot_buf[e] != b) {
+                uint at = o + 2u * pc.k + 3u * (pc.k * b + j);
+                route_u[at] = 0u;
+                route_u[at + 1u] = r;
+                route_u[at + 2u] = 0u;
+                j++;
+            }
         }
         sizes[6u * b] = pc.gu_groups;
         sizes[6u * b + 1u] = n;

@@ -444,6 +444,77 @@ fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
 }
 
 #[test]
+fn the_combining_down_projection_is_the_down_projection_then_the_combine() {
+    // A decode step's k experts in one table (entry g: lane group g; its pair is its rank),
+    // down projection and MoE combine in one dispatch: the bytes of the table's down
+    // projection into per-rank rows followed by `accumulate`. Entries with no pairs (routed
+    // experts the buffer does not hold: a step the host voids) give their ranks no term,
+    // also after a run that left NaN in the kernel's workgroup memory.
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 4096).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    let (k, inter, hidden, tab) = (8usize, 256usize, 512usize, 1024usize);
+    let (x_off, y_off, res_off, ref_off) = (0u32, 100_000u32, 300_000u32, 400_000u32);
+    for dt in [DType::F32, DType::Bf16, DType::Q8_0, DType::Q4K, DType::Q6K] {
+        let b = Blobs::random(&mut rng, k, [dt, dt], inter, hidden);
+        let (down_set, _) = h.blobs(bytemuck::cast_slice(&b.words), false).unwrap();
+        let weights = rand_vec(&mut rng, k);
+        // Rank r's expert in slot (3r + 1) % k; the table lists the held ranks in rank
+        // order, then the others with no pairs.
+        let write = |held: &[bool]| {
+            let mut route: Vec<u32> = (0..k as u32).collect();
+            route.extend(weights.iter().map(|w| w.to_bits()));
+            route.resize(tab, 0);
+            let slot = |r: usize| ((3 * r + 1) % k) as u64 * b.stride;
+            for r in (0..k).filter(|&r| held[r]) {
+                route.extend([slot(r) as u32, r as u32, 1]);
+            }
+            for r in (0..k).filter(|&r| !held[r]) {
+                route.extend([0, r as u32, 0]);
+            }
+            h.write_route(&route).unwrap();
+            held.iter().filter(|&&x| x).count() as u32
+        };
+        let down = MatmulArgs {
+            rows: hidden as u32,
+            cols: inter as u32,
+            w_off: (b.parts[2] / weight_unit(dt)) as u32,
+            x_off,
+            x_stride: inter as u32,
+            out_stride: hidden as u32,
+            flags: FLAG_SCATTER | FLAG_TABLE,
+            tab_off: tab as u32,
+            wt_off: k as u32,
+            ..Default::default()
+        };
+        // NaN inputs first, every expert held.
+        write(&[true; 8]);
+        h.write_act(x_off as usize, &vec![f32::NAN; k * inter]).unwrap();
+        h.down_combine(dt, k, &down_set, MatmulArgs { out_off: res_off, ..down }).unwrap();
+        for held in [[true; 8], [true, false, true, true, false, true, true, false]] {
+            let n = write(&held);
+            h.write_act(x_off as usize, &rand_vec(&mut rng, k * inter)).unwrap();
+            let res = rand_vec(&mut rng, hidden);
+            h.write_act(res_off as usize, &res).unwrap();
+            h.write_act(ref_off as usize, &res).unwrap();
+            h.down_combine(dt, k, &down_set, MatmulArgs { out_off: res_off, ..down }).unwrap();
+            // The reference: the held experts' rows (the others 0), then the combine.
+            h.write_act(y_off as usize, &vec![0.0; k * hidden]).unwrap();
+            let a = MatmulArgs { out_off: y_off, groups: n, ..down };
+            h.run(|r| r.matmul(Projection::Down, dt, false, down_set.clone(), a), 1).unwrap();
+            h.accumulate(hidden as u32, k as u32, y_off, ref_off, k as u32).unwrap();
+            let got = h.read_act(res_off as usize, hidden).unwrap();
+            let want = h.read_act(ref_off as usize, hidden).unwrap();
+            let differ = bits(&got).iter().zip(bits(&want)).position(|(a, b)| *a != b);
+            assert_eq!(
+                differ, None,
+                "{dt}, held {held:?}: first differing row (got, want: {got:?} {want:?})"
+            );
+        }
+    }
+}
+
+#[test]
 fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let Some(ctx) = vulkan::context() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(15);

@@ -23,8 +23,8 @@ use super::VulkanError;
 use crate::tensor::WeightView;
 
 pub use super::record::{
-    weight_unit, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE,
-    WIDE_ROWS,
+    weight_unit, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_COMBINE, FLAG_GATHER, FLAG_SCATTER,
+    FLAG_TABLE, WIDE_ROWS,
 };
 pub use vulkano::descriptor_set::DescriptorSet;
 
@@ -323,6 +323,31 @@ impl KernelHarness {
         });
         let [k, v] = bufs;
         set0(&self.ctx, &self.kernels.attention.fused, &[k?, v?])
+    }
+
+    /// The expert down projection of `dtype` weights bound in `set` with the MoE combine
+    /// of `k` experts ([`FLAG_COMBINE`] is added to `a`'s flags; one workgroup of `k`
+    /// lane groups per rows of a lane group).
+    pub fn down_combine(
+        &self,
+        dtype: DType,
+        k: usize,
+        set: &Arc<DescriptorSet>,
+        a: MatmulArgs,
+    ) -> Result<(), VulkanError> {
+        let kd = self.kernels.down_combine(dtype, k)?.ok_or_else(|| {
+            VulkanError::Unsupported(format!("a workgroup of {k} lane groups is too large for the device"))
+        })?;
+        let a = MatmulArgs { flags: a.flags | FLAG_COMBINE, ..a };
+        self.run(|r| r.down_combine(&kd, set.clone(), a), 1).map(|_| ())
+    }
+
+    /// The MoE combine (`shaders/accumulate.comp`) of one token: `x += Σ_r w[r] · y[r]`
+    /// over `k` rows of `h` at activation offset `y_off`, weights at routing-buffer offset
+    /// `w_off`, residual at `x_off`.
+    pub fn accumulate(&self, h: u32, k: u32, y_off: u32, x_off: u32, w_off: u32) -> Result<(), VulkanError> {
+        let push = [h, k, y_off, x_off, w_off];
+        self.run(|r| r.dispatch(&self.kernels.accumulate, None, push, [h.div_ceil(256), 1, 1]), 1).map(|_| ())
     }
 
     /// The attention kernels (for recording attention with [`AttentionArgs::record`]).
