@@ -663,19 +663,31 @@ impl BlockFormat for Q6K {
     #[inline(always)]
     unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
         use std::arch::x86_64::*;
-        let (three, bias) = (_mm_set1_epi8(3), _mm_set1_epi8(32));
+        let (m4, three, bias) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
         let d = scale_at(b, 208);
-        for c in 0..16 {
-            let (n, k, h) = (c / 8, (c / 2) % 4, c % 2);
-            let ql = _mm_loadu_si128(b.as_ptr().add(64 * n + 32 * (k & 1) + 16 * h) as *const __m128i);
-            let qh = _mm_loadu_si128(b.as_ptr().add(128 + 32 * n + 16 * h) as *const __m128i);
-            let low = avx2::nibbles(ql)[k / 2];
-            // Bits 2k..2k+2 of each byte (the 16-bit shift's spill-over is masked off).
-            let high = _mm_and_si128(_mm_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), three);
-            let q = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), bias);
-            let (lo, hi) = avx2::i8x16_to_f32(q);
-            let ds = _mm256_set1_ps(Q6K::scale(b, d, c));
-            acc.add(_mm256_mul_ps(ds, lo), _mm256_mul_ps(ds, hi), at + 16 * c);
+        let p = b.as_ptr();
+        // A block half n at a time: its 64 ql and 32 qh bytes in three 32-byte loads, each
+        // group k's 32 quants formed at once, then used 16 at a time (c = 8n + 2k + h, in
+        // order, as the decoder's chunks).
+        for n in 0..2 {
+            let ql = [0, 32].map(|o| _mm256_loadu_si256(p.add(64 * n + o) as *const __m256i));
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+            for k in 0..4 {
+                let low = match k {
+                    0 | 1 => _mm256_and_si256(ql[k], m4),
+                    _ => _mm256_and_si256(_mm256_srli_epi16(ql[k & 1], 4), m4),
+                };
+                // Bits 2k..2k+2 of each byte (the 16-bit shift's spill-over is masked off).
+                let high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), three);
+                let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), bias);
+                let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)];
+                for (h, q) in halves.into_iter().enumerate() {
+                    let c = 8 * n + 2 * k + h;
+                    let (lo, hi) = avx2::i8x16_to_f32(q);
+                    let ds = _mm256_set1_ps(Q6K::scale(b, d, c));
+                    acc.add(_mm256_mul_ps(ds, lo), _mm256_mul_ps(ds, hi), at + 16 * c);
+                }
+            }
         }
     }
 }
