@@ -566,15 +566,9 @@ impl BlockFormat for Q4K {
         use std::arch::x86_64::*;
         let q = b.as_ptr().add(16);
         for g in 0..4 {
-            let [(d1, m1), (d2, m2)] = k4_group_scales(b, g);
-            let [lo0, hi0] = avx2::nibbles(_mm_loadu_si128(q.add(32 * g) as *const __m128i));
-            let [lo1, hi1] = avx2::nibbles(_mm_loadu_si128(q.add(32 * g + 16) as *const __m128i));
-            // Elements 64g + [0..16, 16..32] are the low nibbles, [32..48, 48..64] the high.
-            let xg = at + 64 * g;
-            avx2::scale_sub_add(acc, lo0, d1, m1, xg);
-            avx2::scale_sub_add(acc, lo1, d1, m1, xg + 16);
-            avx2::scale_sub_add(acc, hi0, d2, m2, xg + 32);
-            avx2::scale_sub_add(acc, hi1, d2, m2, xg + 48);
+            // Elements 64g + 0..32 are the 32 bytes' low nibbles, 64g + 32..64 the high.
+            let [lo, hi] = avx2::nibbles32(_mm256_loadu_si256(q.add(32 * g) as *const __m256i));
+            avx2::k4_group(acc, [lo, hi], k4_group_scales(b, g), at + 64 * g);
         }
     }
 }
@@ -608,18 +602,12 @@ impl BlockFormat for Q5K {
     unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
         use std::arch::x86_64::*;
         let p = b.as_ptr();
-        let qh0 = _mm_loadu_si128(p.add(16) as *const __m128i);
-        let qh1 = _mm_loadu_si128(p.add(32) as *const __m128i);
+        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
         for g in 0..4 {
-            let [(d1, m1), (d2, m2)] = k4_group_scales(b, g);
-            let [lo0, hi0] = avx2::nibbles(_mm_loadu_si128(p.add(48 + 32 * g) as *const __m128i));
-            let [lo1, hi1] = avx2::nibbles(_mm_loadu_si128(p.add(48 + 32 * g + 16) as *const __m128i));
+            let [lo, hi] = avx2::nibbles32(_mm256_loadu_si256(p.add(48 + 32 * g) as *const __m256i));
             let (bit1, bit2) = (1u8 << (2 * g), 2u8 << (2 * g));
-            let xg = at + 64 * g;
-            avx2::scale_sub_add(acc, avx2::add_high_bit(lo0, qh0, bit1), d1, m1, xg);
-            avx2::scale_sub_add(acc, avx2::add_high_bit(lo1, qh1, bit1), d1, m1, xg + 16);
-            avx2::scale_sub_add(acc, avx2::add_high_bit(hi0, qh0, bit2), d2, m2, xg + 32);
-            avx2::scale_sub_add(acc, avx2::add_high_bit(hi1, qh1, bit2), d2, m2, xg + 48);
+            let q = [avx2::add_high_bit(lo, qh, bit1), avx2::add_high_bit(hi, qh, bit2)];
+            avx2::k4_group(acc, q, k4_group_scales(b, g), at + 64 * g);
         }
     }
 }
@@ -680,8 +668,7 @@ impl BlockFormat for Q6K {
                 // Bits 2k..2k+2 of each byte (the 16-bit shift's spill-over is masked off).
                 let high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), three);
                 let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), bias);
-                let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)];
-                for (h, q) in halves.into_iter().enumerate() {
+                for (h, q) in avx2::halves(q).into_iter().enumerate() {
                     let c = 8 * n + 2 * k + h;
                     let (lo, hi) = avx2::i8x16_to_f32(q);
                     let ds = _mm256_set1_ps(Q6K::scale(b, d, c));
@@ -765,10 +752,43 @@ mod avx2 {
 
     /// `q + 16` where `qh & bit` is set (Q5_K's fifth bit), bytewise.
     #[inline(always)]
-    pub(super) unsafe fn add_high_bit(q: __m128i, qh: __m128i, bit: u8) -> __m128i {
-        let bit = _mm_set1_epi8(bit as i8);
-        let set = _mm_cmpeq_epi8(_mm_and_si128(qh, bit), bit);
-        _mm_add_epi8(q, _mm_and_si128(set, _mm_set1_epi8(16)))
+    pub(super) unsafe fn add_high_bit(q: __m256i, qh: __m256i, bit: u8) -> __m256i {
+        let bit = _mm256_set1_epi8(bit as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(16)))
+    }
+
+    /// The low and high nibbles of 32 bytes.
+    #[inline(always)]
+    pub(super) unsafe fn nibbles32(q: __m256i) -> [__m256i; 2] {
+        let m = _mm256_set1_epi8(0x0F);
+        [_mm256_and_si256(q, m), _mm256_and_si256(_mm256_srli_epi16(q, 4), m)]
+    }
+
+    /// The first and second 16 bytes of 32.
+    #[inline(always)]
+    pub(super) unsafe fn halves(q: __m256i) -> [__m128i; 2] {
+        [_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)]
+    }
+
+    /// One 64-element group of a Q4_K / Q5_K block: its 32 low quants `q[0]` (elements
+    /// `at..at + 32`, sub-block scale and min `dm[0]`) then its 32 high ones `q[1]`, 16 at
+    /// a time in element order.
+    ///
+    /// # Safety
+    /// AVX2 is present and every vector of `acc` holds at least `at + 64` values.
+    #[inline(always)]
+    pub(super) unsafe fn k4_group<const N: usize>(
+        acc: &mut Acc<N>,
+        q: [__m256i; 2],
+        dm: [(f32, f32); 2],
+        at: usize,
+    ) {
+        for (j, (q, (d, m))) in q.into_iter().zip(dm).enumerate() {
+            for (h, q) in halves(q).into_iter().enumerate() {
+                scale_sub_add(acc, q, d, m, at + 32 * j + 16 * h);
+            }
+        }
     }
 
     /// 16 unsigned bytes as two vectors of 8 f32 (exact).
