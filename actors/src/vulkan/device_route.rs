@@ -58,9 +58,10 @@ pub struct DeviceRoutes {
     sizes: Subbuffer<[DispatchIndirectCommand]>,
     /// (layer, ranks) of each step recorded in the current pass.
     layers: Vec<(usize, usize)>,
-    /// Per expert down-projection weight type met so far, its combining down kernel
-    /// ([`Kernels::down_combine`]; `None`: too large a workgroup for the device).
-    combine: BTreeMap<DType, Option<Kernel>>,
+    /// Per (expert down-projection weight type, experts per token) met so far, its
+    /// combining down kernel ([`Kernels::down_combine`]; `None`: too large a workgroup
+    /// for the device).
+    combine: BTreeMap<(DType, usize), Option<Kernel>>,
 }
 
 impl DeviceRoutes {
@@ -117,11 +118,11 @@ impl DeviceRoutes {
         dtype: DType,
         k: usize,
     ) -> Result<Option<Kernel>, VulkanError> {
-        if let Some(kd) = self.combine.get(&dtype) {
+        if let Some(kd) = self.combine.get(&(dtype, k)) {
             return Ok(kd.clone());
         }
         let kd = kernels.down_combine(dtype, k)?;
-        self.combine.insert(dtype, kd.clone());
+        self.combine.insert((dtype, k), kd.clone());
         Ok(kd)
     }
 }
@@ -159,10 +160,8 @@ impl VulkanBackend {
         let buffers: Vec<Subbuffer<[u8]>> = tier.layer_buffers(l).to_vec();
         let (nb, set, sizes) = (buffers.len(), routes.set.clone(), routes.sizes.clone());
         let kernels = self.kernels.clone();
-        let fused = match nb {
-            1 => routes.combine_kernel(&kernels, layout.down.dtype, k)?,
-            _ => None,
-        };
+        // One buffer holds the layer's experts: its down projection can combine them.
+        let fused = if nb == 1 { routes.combine_kernel(&kernels, layout.down.dtype, k)? } else { None };
         let (g0, d0) = self.expert_args(&layout);
         let groups = |p: Projection, dtype, a: &MatmulArgs| -> Result<u32, VulkanError> {
             Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false, a.rows).rows_per_wg()))
@@ -223,10 +222,10 @@ impl VulkanBackend {
                 )?,
             }
         }
-        match fused {
-            Some(_) => Ok(()),
-            None => self.record_combine(1, (fast_off + k) as u32),
+        if fused.is_none() {
+            self.record_combine(1, (fast_off + k) as u32)?;
         }
+        Ok(())
     }
 
     /// After the sync point ending a pass of device-routed steps: each step's ranking
