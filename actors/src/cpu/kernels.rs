@@ -300,9 +300,23 @@ fn row_block(w: &WeightView<'_>) -> usize {
     (PAR_THRESHOLD / w.cols.max(1)).clamp(1, 256)
 }
 
+/// Tokens from which [`matmul`] decodes a block-format matrix's rows once for all of them
+/// (below it, each group of four decodes them in registers again).
+const DECODE_ONCE: usize = 8;
+
+thread_local! {
+    /// A rayon worker's block of dequantised rows ([`matmul`] with [`DECODE_ONCE`] tokens).
+    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Batched sibling of [`matvec`]: `out[t][r] = W[r] · xs[t]` for `m` rows of `xs`
 /// (`xs` is `m × cols`, `out` is `m × rows`). Each element is computed by the same
-/// [`row_dot`] as the m=1 kernel; blocks of weight rows are reused across tokens.
+/// [`row_dot`] as the m=1 kernel; blocks of weight rows are reused across tokens. A
+/// block-format matrix (not f16: F16C widens it as it goes) with [`DECODE_ONCE`] tokens
+/// or more has each block of rows
+/// dequantised once (bitwise ggml's decoder) and multiplied by the f32 kernels: a
+/// quantised dot product is bitwise the f32 one of its dequantised row, so the bytes are
+/// those of [`row_dot`].
 pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
     let (rows, cols) = (w.rows, w.cols);
     debug_assert_eq!(xs.len(), m * cols);
@@ -313,37 +327,65 @@ pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
     let block = row_block(w);
     let nblocks = rows.div_ceil(block);
     // Each block of weight rows is one task; it writes a disjoint column strip of `out`.
-    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let out = Strip { ptr: SyncPtr(out.as_mut_ptr()), rows };
     let work = |b: usize| {
-        let r0 = b * block;
-        let r1 = (r0 + block).min(rows);
-        // Four tokens share each pass over a weight row (one load and widening of the
-        // weights feeds four dot products); each dot product is still the m=1 one.
-        let mut t = 0;
-        while t + 4 <= m {
-            let x = |i: usize| &xs[(t + i) * cols..(t + i + 1) * cols];
-            let group = [x(0), x(1), x(2), x(3)];
-            for r in r0..r1 {
-                let d = row_dot4(w, r, group);
-                for (i, v) in d.into_iter().enumerate() {
-                    // SAFETY: (t, r) pairs are disjoint across tasks since r ranges are.
-                    unsafe { *out_ptr.get().add((t + i) * rows + r) = v };
+        let (r0, r1) = (b * block, ((b + 1) * block).min(rows));
+        if matches!(w.data, WeightData::Quant { dtype, .. } if dtype.is_block()) && m >= DECODE_ONCE {
+            DECODED.with_borrow_mut(|buf| {
+                buf.resize((r1 - r0) * cols, 0.0);
+                for (r, row) in (r0..r1).zip(buf.chunks_exact_mut(cols)) {
+                    row_to_f32(w, r, row);
                 }
-            }
-            t += 4;
-        }
-        for t in t..m {
-            let x = &xs[t * cols..(t + 1) * cols];
-            for r in r0..r1 {
-                // SAFETY: as above.
-                unsafe { *out_ptr.get().add(t * rows + r) = row_dot(w, r, x) };
-            }
+                let plain = WeightView { data: WeightData::F32(buf), rows: r1 - r0, cols };
+                out.rows_times(&plain, 0..r1 - r0, r0, xs, m);
+            });
+        } else {
+            out.rows_times(w, r0..r1, 0, xs, m);
         }
     };
     if rows * cols * m < PAR_THRESHOLD {
         (0..nblocks).for_each(work);
     } else {
         (0..nblocks).into_par_iter().for_each(work);
+    }
+}
+
+/// [`matmul`]'s output (`m × rows`), written by tasks that own disjoint row ranges.
+#[derive(Clone, Copy)]
+struct Strip {
+    ptr: SyncPtr,
+    rows: usize,
+}
+
+impl Strip {
+    /// Rows `rs` of `w` times each of the `m` vectors of `xs`, into output columns
+    /// `rs + shift` (the caller's task owns them).
+    fn rows_times(self, w: &WeightView<'_>, rs: std::ops::Range<usize>, shift: usize, xs: &[f32], m: usize) {
+        let cols = w.cols;
+        let put = |t: usize, r: usize, v: f32| {
+            // SAFETY: `t < m` and `r + shift < rows`, and (t, r) pairs are disjoint across
+            // tasks since their row ranges are.
+            unsafe { *self.ptr.get().add(t * self.rows + r + shift) = v };
+        };
+        // Four tokens share each pass over a weight row (one load and widening of the
+        // weights feeds four dot products); each dot product is still the m=1 one.
+        let mut t = 0;
+        while t + 4 <= m {
+            let x = |i: usize| &xs[(t + i) * cols..(t + i + 1) * cols];
+            let group = [x(0), x(1), x(2), x(3)];
+            for r in rs.clone() {
+                for (i, v) in row_dot4(w, r, group).into_iter().enumerate() {
+                    put(t + i, r, v);
+                }
+            }
+            t += 4;
+        }
+        for t in t..m {
+            let x = &xs[t * cols..(t + 1) * cols];
+            for r in rs.clone() {
+                put(t, r, row_dot(w, r, x));
+            }
+        }
     }
 }
 
@@ -434,9 +476,17 @@ mod tests {
     fn quantised_batched_matmul_is_byte_identical_to_matvec_and_to_the_dequantised_matrix() {
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         for dtype in DType::ALL.into_iter().filter(|d| !matches!(d, DType::F32 | DType::Bf16)) {
-            // Shapes on both sides of the parallel threshold, m around the 4-token groups.
-            for &(rows, cols, m) in &[(3, 256, 5), (33, 512, 7), (257, 256, 3), (129, 768, 13), (40, 1024, 1)]
-            {
+            // Shapes on both sides of the parallel threshold, m around the 4-token groups
+            // and on both sides of DECODE_ONCE (a last block of rows shorter than the rest).
+            for &(rows, cols, m) in &[
+                (3, 256, 5),
+                (33, 512, 7),
+                (257, 256, 3),
+                (129, 768, 13),
+                (40, 1024, 1),
+                (70, 512, 8),
+                (300, 256, 16),
+            ] {
                 let wf = rand_vec(&mut rng, rows * cols);
                 let mut bytes = Vec::new();
                 super::super::quantize::encode_rows(&wf, cols, dtype, &mut bytes).unwrap();

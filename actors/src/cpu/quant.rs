@@ -15,7 +15,8 @@
 //! `kernels::dot_f32(&dequantized_row, x)`: element `i` goes to lane `i % 16`, lanes are
 //! combined by `dot_f32` itself, and the tail (only f32/f16/bf16 rows can have one) is
 //! added last in order. On CPUs with AVX2 each block format has an 8-wide variant doing
-//! the same operations per element, so both paths give the same bits.
+//! the same operations per element, so both paths give the same bits; the same routine,
+//! storing the weights it forms instead of multiplying them, is the AVX2 decoder.
 //! [`QuantMatrix::row_dots`] decodes a row once for several activation vectors (the
 //! token-batched sibling), each result bitwise the single dot product.
 
@@ -124,17 +125,22 @@ impl Kernel {
         }
     }
 
-    /// Decodes a row whose size is known to match.
+    /// Decodes a row whose size is known to match, on the widest instructions the CPU has.
     fn dequantize(self, bytes: &[u8], out: &mut [f32]) {
+        self.dequantize_on(Isa::detect(), bytes, out)
+    }
+
+    /// [`Kernel::dequantize`] on the instructions of `isa` (every `isa` gives the same bits).
+    fn dequantize_on(self, isa: Isa, bytes: &[u8], out: &mut [f32]) {
         match self {
             Kernel::F32 => decode_plain(bytes, out, 4, f32_le),
             Kernel::F16 => decode_plain(bytes, out, 2, f16_le),
             Kernel::Bf16 => decode_plain(bytes, out, 2, bf16_le),
-            Kernel::Q8_0 => decode_blocks::<Q8_0>(bytes, out),
-            Kernel::Q4_0 => decode_blocks::<Q4_0>(bytes, out),
-            Kernel::Q4K => decode_blocks::<Q4K>(bytes, out),
-            Kernel::Q5K => decode_blocks::<Q5K>(bytes, out),
-            Kernel::Q6K => decode_blocks::<Q6K>(bytes, out),
+            Kernel::Q8_0 => decode_blocks::<Q8_0>(isa, bytes, out),
+            Kernel::Q4_0 => decode_blocks::<Q4_0>(isa, bytes, out),
+            Kernel::Q4K => decode_blocks::<Q4K>(isa, bytes, out),
+            Kernel::Q5K => decode_blocks::<Q5K>(isa, bytes, out),
+            Kernel::Q6K => decode_blocks::<Q6K>(isa, bytes, out),
         }
     }
 
@@ -407,20 +413,29 @@ trait BlockFormat {
     const BYTES: usize;
     /// Decodes one block (`BYTES` bytes) into `out` (`ELEMS` values), as ggml does.
     fn decode(b: &[u8], out: &mut [f32]);
-    /// Adds the products of one block's weights (decoded in registers, bitwise as
-    /// [`BlockFormat::decode`]) with elements `at..at + ELEMS` of each vector of `acc`
-    /// into its 16-lane accumulator, 16 elements at a time in element order.
+    /// Decodes one block in registers, bitwise as [`BlockFormat::decode`], and hands its
+    /// weights to `acc` 16 at a time in element order (elements `at..at + ELEMS` of the
+    /// row): an accumulator multiplies them into its vectors, a store writes them out.
     ///
     /// # Safety
-    /// The CPU must have AVX2; `b` holds `BYTES` bytes and every vector of `acc` holds at
-    /// least `at + ELEMS` values.
+    /// The CPU must have AVX2; `b` holds `BYTES` bytes and `acc` takes elements up to
+    /// `at + ELEMS` (see [`avx2::Sink`]).
     #[cfg(target_arch = "x86_64")]
-    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>);
+    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S);
 }
 
-fn decode_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes.chunks_exact(F::BYTES).zip(out.chunks_exact_mut(F::ELEMS)) {
-        F::decode(b, o);
+/// Decodes whole blocks: the scalar decoder, or its AVX2 sibling (the same bits).
+fn decode_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(out.len(), bytes.len() / F::BYTES * F::ELEMS, "the output must hold the blocks' elements");
+    match isa {
+        Isa::Portable => {
+            for (b, o) in bytes.chunks_exact(F::BYTES).zip(out.chunks_exact_mut(F::ELEMS)) {
+                F::decode(b, o);
+            }
+        }
+        // SAFETY: `Isa::detect` found AVX2; `out` holds the blocks' elements (above).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 { .. } => unsafe { avx2::decode_blocks::<F>(bytes, out) },
     }
 }
 
@@ -478,7 +493,7 @@ impl BlockFormat for Q8_0 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
+    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
         use std::arch::x86_64::*;
         let d = _mm256_set1_ps(scale_at(b, 0));
         for c in 0..2 {
@@ -507,7 +522,7 @@ impl BlockFormat for Q4_0 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
+    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
         use std::arch::x86_64::*;
         let d = _mm256_set1_ps(scale_at(b, 0));
         let q = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
@@ -562,7 +577,7 @@ impl BlockFormat for Q4K {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
+    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
         use std::arch::x86_64::*;
         let q = b.as_ptr().add(16);
         for g in 0..4 {
@@ -599,7 +614,7 @@ impl BlockFormat for Q5K {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
+    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
         use std::arch::x86_64::*;
         let p = b.as_ptr();
         let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
@@ -649,7 +664,7 @@ impl BlockFormat for Q6K {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<const N: usize>(b: &[u8], at: usize, acc: &mut avx2::Acc<N>) {
+    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
         use std::arch::x86_64::*;
         let (m4, three, bias) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
         let d = scale_at(b, 208);
@@ -695,24 +710,43 @@ mod avx2 {
         sums: [[__m256; 2]; N],
     }
 
+    /// Where a block's weights go, 16 at a time (lanes 0..8 as `w0`, 8..16 as `w1`) for
+    /// elements `at..at + 16` of the row.
+    pub(super) trait Sink {
+        /// Takes the weights of elements `at..at + 16`.
+        ///
+        /// # Safety
+        /// AVX2 is present and the sink's memory holds element `at + 15`.
+        unsafe fn add(&mut self, w0: __m256, w1: __m256, at: usize);
+    }
+
+    impl<const N: usize> Sink for Acc<N> {
+        /// Adds `w · x[at..at + 16]` lane by lane to every vector's accumulator.
+        #[inline(always)]
+        unsafe fn add(&mut self, w0: __m256, w1: __m256, at: usize) {
+            for (s, x) in self.sums.iter_mut().zip(self.xs) {
+                s[0] = _mm256_add_ps(s[0], _mm256_mul_ps(w0, _mm256_loadu_ps(x.add(at))));
+                s[1] = _mm256_add_ps(s[1], _mm256_mul_ps(w1, _mm256_loadu_ps(x.add(at + 8))));
+            }
+        }
+    }
+
+    /// The decoded weights written to a row of f32 (the vectorised decoder).
+    struct Store(*mut f32);
+
+    impl Sink for Store {
+        #[inline(always)]
+        unsafe fn add(&mut self, w0: __m256, w1: __m256, at: usize) {
+            _mm256_storeu_ps(self.0.add(at), w0);
+            _mm256_storeu_ps(self.0.add(at + 8), w1);
+        }
+    }
+
     impl<const N: usize> Acc<N> {
         /// Zero accumulators for `xs`.
         #[inline(always)]
         unsafe fn new(xs: [&[f32]; N]) -> Self {
             Acc { xs: xs.map(|x| x.as_ptr()), sums: [[_mm256_setzero_ps(); 2]; N] }
-        }
-
-        /// Adds `w · x[at..at + 16]` lane by lane to every vector's accumulator (`w` as
-        /// lanes 0..8 and 8..16).
-        ///
-        /// # Safety
-        /// AVX2 is present and every vector holds at least `at + 16` values.
-        #[inline(always)]
-        pub(super) unsafe fn add(&mut self, w0: __m256, w1: __m256, at: usize) {
-            for (s, x) in self.sums.iter_mut().zip(self.xs) {
-                s[0] = _mm256_add_ps(s[0], _mm256_mul_ps(w0, _mm256_loadu_ps(x.add(at))));
-                s[1] = _mm256_add_ps(s[1], _mm256_mul_ps(w1, _mm256_loadu_ps(x.add(at + 8))));
-            }
         }
 
         /// Each vector's lanes combined in the fixed tree.
@@ -734,19 +768,13 @@ mod avx2 {
         [_mm_and_si128(q, m), _mm_and_si128(_mm_srli_epi16(q, 4), m)]
     }
 
-    /// Adds `(d·q − m) · x[at..at + 16]` for 16 unsigned quants `q` (Q4_K/Q5_K's element
-    /// formula, the same two roundings as the scalar decoder).
+    /// Hands `acc` the weights `d·q − m` of elements `at..at + 16` for 16 unsigned quants
+    /// `q` (Q4_K/Q5_K's element formula, the same two roundings as the scalar decoder).
     ///
     /// # Safety
-    /// AVX2 is present and every vector of `acc` holds at least `at + 16` values.
+    /// AVX2 is present and `acc` takes elements up to `at + 16`.
     #[inline(always)]
-    pub(super) unsafe fn scale_sub_add<const N: usize>(
-        acc: &mut Acc<N>,
-        q: __m128i,
-        d: f32,
-        m: f32,
-        at: usize,
-    ) {
+    pub(super) unsafe fn scale_sub_add<S: Sink>(acc: &mut S, q: __m128i, d: f32, m: f32, at: usize) {
         let (d, m) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
         let (lo, hi) = u8x16_to_f32(q);
         acc.add(_mm256_sub_ps(_mm256_mul_ps(d, lo), m), _mm256_sub_ps(_mm256_mul_ps(d, hi), m), at);
@@ -778,14 +806,9 @@ mod avx2 {
     /// a time in element order.
     ///
     /// # Safety
-    /// AVX2 is present and every vector of `acc` holds at least `at + 64` values.
+    /// AVX2 is present and `acc` takes elements up to `at + 64`.
     #[inline(always)]
-    pub(super) unsafe fn k4_group<const N: usize>(
-        acc: &mut Acc<N>,
-        q: [__m256i; 2],
-        dm: [(f32, f32); 2],
-        at: usize,
-    ) {
+    pub(super) unsafe fn k4_group<S: Sink>(acc: &mut S, q: [__m256i; 2], dm: [(f32, f32); 2], at: usize) {
         for (j, (q, (d, m))) in q.into_iter().zip(dm).enumerate() {
             for (h, q) in halves(q).into_iter().enumerate() {
                 scale_sub_add(acc, q, d, m, at + 32 * j + 16 * h);
@@ -825,6 +848,19 @@ mod avx2 {
             F::accumulate_avx2(b, k * F::ELEMS, &mut acc);
         }
         acc.sums()
+    }
+
+    /// AVX2 sibling of `decode_blocks`: each block decoded in registers (bitwise the
+    /// scalar decoder) and stored.
+    ///
+    /// # Safety
+    /// AVX2 is present; `out` holds `bytes.len() / F::BYTES * F::ELEMS` values.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn decode_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
+        let mut store = Store(out.as_mut_ptr());
+        for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
+            F::accumulate_avx2(b, k * F::ELEMS, &mut store);
+        }
     }
 
     /// f16 rows, 16 values per step through F16C, then the tail in order.
@@ -966,6 +1002,21 @@ mod tests {
 
     /// gguf-py's dequantisation of random valid blocks (tests/fixtures/make_quant_blocks.py),
     /// reproduced bit for bit; the fused dot product on the same rows matches too.
+    #[test]
+    fn every_isa_dequantizes_to_the_same_bits() {
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        for ty in TYPES {
+            let cols = 3 * ty.block_elems().max(16);
+            let row = random_row(&mut rng, ty, cols);
+            let kernel = Kernel::of(ty).unwrap();
+            let (mut portable, mut detected) = (vec![0.0f32; cols], vec![1.0f32; cols]);
+            kernel.dequantize_on(Isa::Portable, &row, &mut portable);
+            kernel.dequantize_on(Isa::detect(), &row, &mut detected);
+            let (a, b): (&[u32], &[u32]) = (bytemuck::cast_slice(&portable), bytemuck::cast_slice(&detected));
+            assert_eq!(a, b, "{ty}");
+        }
+    }
+
     #[test]
     fn dequantize_matches_gguf_py_golden_blocks() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/quant_blocks");
