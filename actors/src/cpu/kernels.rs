@@ -313,10 +313,9 @@ thread_local! {
 /// (`xs` is `m × cols`, `out` is `m × rows`). Each element is computed by the same
 /// [`row_dot`] as the m=1 kernel; blocks of weight rows are reused across tokens. A
 /// block-format matrix (not f16: F16C widens it as it goes) with [`DECODE_ONCE`] tokens
-/// or more has each block of rows
-/// dequantised once (bitwise ggml's decoder) and multiplied by the f32 kernels: a
-/// quantised dot product is bitwise the f32 one of its dequantised row, so the bytes are
-/// those of [`row_dot`].
+/// or more has each block of rows dequantised once (bitwise ggml's decoder) and
+/// multiplied by the f32 kernels: a quantised dot product is bitwise the f32 one of its
+/// dequantised row, so the bytes are those of [`row_dot`].
 pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
     let (rows, cols) = (w.rows, w.cols);
     debug_assert_eq!(xs.len(), m * cols);
@@ -359,9 +358,13 @@ struct Strip {
 
 impl Strip {
     /// Rows `rs` of `w` times each of the `m` vectors of `xs`, into output columns
-    /// `rs + shift` (the caller's task owns them).
+    /// `rs + shift`, which the calling task owns (no other task writes them meanwhile).
     fn rows_times(self, w: &WeightView<'_>, rs: std::ops::Range<usize>, shift: usize, xs: &[f32], m: usize) {
         let cols = w.cols;
+        assert!(
+            xs.len() >= m * cols && rs.end <= w.rows && rs.end + shift <= self.rows,
+            "a strip out of bounds"
+        );
         let put = |t: usize, r: usize, v: f32| {
             // SAFETY: `t < m` and `r + shift < rows`, and (t, r) pairs are disjoint across
             // tasks since their row ranges are.
