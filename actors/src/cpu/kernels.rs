@@ -327,13 +327,20 @@ pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
     let nblocks = rows.div_ceil(block);
     // Each block of weight rows is one task; it writes a disjoint column strip of `out`.
     let out = Strip { ptr: SyncPtr(out.as_mut_ptr()), rows };
+    // The block-format matrix whose rows are decoded once for all the tokens, if any.
+    let decode_once = match w.data {
+        WeightData::Quant { dtype, bytes } if dtype.is_block() && m >= DECODE_ONCE => {
+            Some(quant(w, dtype, bytes))
+        }
+        _ => None,
+    };
     let work = |b: usize| {
         let (r0, r1) = (b * block, ((b + 1) * block).min(rows));
-        if matches!(w.data, WeightData::Quant { dtype, .. } if dtype.is_block()) && m >= DECODE_ONCE {
+        if let Some(q) = &decode_once {
             DECODED.with_borrow_mut(|buf| {
                 buf.resize((r1 - r0) * cols, 0.0);
                 for (r, row) in (r0..r1).zip(buf.chunks_exact_mut(cols)) {
-                    row_to_f32(w, r, row);
+                    q.dequantize_row(r, row).unwrap_or_else(|e| panic!("row {r} of a checked matrix: {e}"));
                 }
                 let plain = WeightView { data: WeightData::F32(buf), rows: r1 - r0, cols };
                 out.rows_times(&plain, 0..r1 - r0, r0, xs, m);

@@ -1000,8 +1000,8 @@ mod tests {
         }
     }
 
-    /// gguf-py's dequantisation of random valid blocks (tests/fixtures/make_quant_blocks.py),
-    /// reproduced bit for bit; the fused dot product on the same rows matches too.
+    /// The AVX2 decoder (the accumulate routines storing their weights) gives the scalar
+    /// decoder's bits for every format.
     #[test]
     fn every_isa_dequantizes_to_the_same_bits() {
         let mut rng = ChaCha8Rng::seed_from_u64(21);
@@ -1017,6 +1017,8 @@ mod tests {
         }
     }
 
+    /// gguf-py's dequantisation of random valid blocks (tests/fixtures/make_quant_blocks.py),
+    /// reproduced bit for bit; the fused dot product on the same rows matches too.
     #[test]
     fn dequantize_matches_gguf_py_golden_blocks() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/quant_blocks");
