@@ -22,9 +22,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <type_traits>
-#include <cstdint>
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 #define CHECK(x)                                                                           \
@@ -52,6 +51,7 @@ __device__ __forceinline__ float f16_to_f32(unsigned h) {
     return __uint_as_float(sign | mag);
 }
 
+// quant.glsl's QFLOAT with no bias: q (below 2^23) as an exact float.
 __device__ __forceinline__ float qfloat(unsigned q) { return __uint_as_float(0x4B000000u | q) - 8388608.0f; }
 
 // quant.glsl's k4_scale_min: sc | m << 8 of sub-block j from the scale words y, z, w.
@@ -81,10 +81,9 @@ __device__ __forceinline__ float byte_float(unsigned n, unsigned p, unsigned m) 
 }
 
 // One group (16 weights, the low (hf 0) or high (hf 1) nibbles of the slice's 16 bytes)
-// of up to two rows (gate and up) against the same 16 inputs: S per row, and X.
-template <int NACC>
-__device__ __forceinline__ void group(const uint4 (&q)[NACC], unsigned hf, const float4* x, float (&sdot)[NACC],
-                                      float& xs) {
+// of N row slices (q[a]: gate/up and rows) against the same 16 inputs: S per slice, and X.
+template <int N>
+__device__ __forceinline__ void group(const uint4 (&q)[N], unsigned hf, const float4* x, float (&sdot)[N], float& xs) {
     float xv[16];
 #pragma unroll
     for (int c = 0; c < 4; c++) {
@@ -95,7 +94,7 @@ __device__ __forceinline__ void group(const uint4 (&q)[NACC], unsigned hf, const
 #pragma unroll
     for (int i = 0; i < 16; i++) xs = __fadd_rn(xs, xv[i]);
 #pragma unroll
-    for (int a = 0; a < NACC; a++) {
+    for (int a = 0; a < N; a++) {
         unsigned w[4] = {q[a].x, q[a].y, q[a].z, q[a].w};
         float s = 0.0f;
 #pragma unroll
