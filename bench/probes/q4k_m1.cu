@@ -12,10 +12,12 @@
 // 2i + 1 share the block header's decode through two shuffles), arithmetic per slice (the
 // quants as exact floats by masking under an exponent, S = Σ q·x by fma, X = Σ x, term =
 // (d·sc)·S − (dmin·m)·X) and tree as the Vulkan kernel; RPT rows per lane group share each
-// load of x. mma_m1: the same sums on the tensor cores; idot_m1: by integer dot products on
-// 24-bit limbs of x (both below). main checks each against an f64 reference and times, median of 7 ~30 ms runs after a 300 ms warm-up, in µs and
-// GB/s of quantised bytes against 4.8 TB/s: the 8-expert gate/up of the 235B shape (1536 ×
-// 4096 each, a different eight of 48 each launch, past L2) and a 151936 × 4096 LM head.
+// load of x; its groups' sums come from the f32 inputs (FloatX) or from integer dot
+// products on 24-bit limbs of x (LimbX). mma_m1: the same sums on the tensor cores. main
+// checks each against an f64 reference and times, median of 7 ~30 ms runs after a 300 ms
+// warm-up, in µs and GB/s of quantised bytes against 4.8 TB/s: the 8-expert gate/up of
+// the 235B shape (1536 × 4096 each, a different eight of 48 each launch, past L2) and a
+// 151936 × 4096 LM head.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -109,12 +111,24 @@ __device__ __forceinline__ void group(const uint4 (&q)[N], unsigned hf, const fl
     }
 }
 
+// The inputs as slice_m1's groups read them: the f32 row itself, S = Σ q·x by fma in
+// order (the Vulkan kernel's form).
+struct FloatX {
+    const float* x;
+    // S of each row slice q[a] over group g (16 elements from e), and X = Σ x.
+    template <int N>
+    __device__ __forceinline__ void operator()(const uint4 (&q)[N], unsigned g, unsigned e, float (&S)[N], float& xs) const {
+        group<N>(q, g, reinterpret_cast<const float4*>(x + e), S, xs);
+    }
+};
+
 // The m=1 slice kernel over NACC matrices sharing x (1: a matvec, 2: SwiGLU gate/up), RPT
-// consecutive rows per lane group of LANES lanes (x loaded once for the RPT rows):
-// blockIdx.y = expert e, whose matrices start at byte e_off[e] of w (and u).
-template <int NACC, unsigned LANES, int RPT>
+// consecutive rows per lane group of LANES lanes (x read once for the RPT rows), the
+// groups' S and X formed by `in` (FloatX, LimbX): blockIdx.y = expert e, whose matrices
+// start at byte e_off[e] of w (and u).
+template <int NACC, unsigned LANES, int RPT, class In>
 __global__ void __launch_bounds__(WG) slice_m1(const unsigned char* __restrict__ w, const unsigned char* __restrict__ u,
-                                               const unsigned long long* __restrict__ e_off, const float* __restrict__ x,
+                                               const unsigned long long* __restrict__ e_off, In in,
                                                float* __restrict__ out, unsigned rows, unsigned cols) {
     constexpr int NA = NACC * RPT;
     unsigned lane = threadIdx.x % LANES;
@@ -145,7 +159,7 @@ __global__ void __launch_bounds__(WG) slice_m1(const unsigned char* __restrict__
 #pragma unroll
         for (unsigned g = 0; g < 2; g++) {
             float sdot[NA], xs;
-            group<NA>(q, g, reinterpret_cast<const float4*>(x + e0 + 32u * g), sdot, xs);
+            in(q, g, e0 + 32u * g, sdot, xs);
 #pragma unroll
             for (int a = 0; a < NA; a++) {
                 float sc = g == 0 ? sf[a].x : sf[a].z, mn = g == 0 ? sf[a].y : sf[a].w;
@@ -272,85 +286,39 @@ __global__ void __launch_bounds__(WG) mma_m1(const unsigned char* __restrict__ w
 }
 
 // ---- Integer dot products on limbs of x (what the issue's "no quantised activations"
-// rules out, measured to see whether any exact-to-f32 form reaches 60%) ----
+// rules out, measured to see whether any form exact to f32 reaches 60%) ----
 // x per 32-element sub-block s as a 24-bit integer xi = round(x·2^(23−e_s)) (max |x| of the
 // sub-block below 2^e_s: an error of at most half a unit of the largest input's last bit,
 // f32's own rounding there), split into bytes xi = l2·2^16 + l1·2^8 + l0 (l0, l1 unsigned,
 // l2 signed), four elements' bytes to a word. S = Σ q·xi by dp4a per limb, in int32 exactly,
-// then float(S2)·2^16 + float(S1)·2^8 + float(S0) times 2^(e_s−23). Slices and rows as
-// slice_m1 (32 lanes, RPT rows per lane group).
-template <int NACC, int RPT>
-__global__ void __launch_bounds__(WG) idot_m1(const unsigned char* __restrict__ w, const unsigned char* __restrict__ u,
-                                              const unsigned long long* __restrict__ e_off, const uint4* __restrict__ limbs,
-                                              const float* __restrict__ xsum, const float* __restrict__ xscale,
-                                              float* __restrict__ out, unsigned rows, unsigned cols) {
-    constexpr int NA = NACC * RPT;
-    constexpr unsigned LANES = 32;
-    unsigned lane = threadIdx.x % LANES;
-    unsigned row0 = (blockIdx.x * (WG / LANES) + threadIdx.x / LANES) * RPT;
-    unsigned long long eo = e_off[blockIdx.y];
-    const unsigned char* mats[NA];
+// then float(S2)·2^16 + float(S1)·2^8 + float(S0) times 2^(e_s−23); X precomputed per 16.
+struct LimbX {
+    const uint4* limbs;   // limb j's words of elements 4k .. 4k + 3 at word j·cols/4 + k
+    const float* xsum;    // Σ x of each 16 elements
+    const float* xscale;  // 2^(e_s − 23) of each 32-element sub-block
+    unsigned cols;
+    template <int N>
+    __device__ __forceinline__ void operator()(const uint4 (&q)[N], unsigned g, unsigned e, float (&S)[N], float& xs) const {
+        uint4 l0 = limbs[e / 16], l1 = limbs[(cols + e) / 16], l2 = limbs[(2 * cols + e) / 16];
+        float sc = xscale[e / 32];
+        xs = xsum[e / 16];
+        unsigned L0[4] = {l0.x, l0.y, l0.z, l0.w}, L1[4] = {l1.x, l1.y, l1.z, l1.w}, L2[4] = {l2.x, l2.y, l2.z, l2.w};
 #pragma unroll
-    for (int r = 0; r < RPT; r++) {
-        unsigned long long rb = eo + (unsigned long long)min(row0 + r, rows - 1u) * (cols / QK * QB);
-        mats[r * NACC] = w + rb;
-        if (NACC == 2) mats[r * NACC + NACC - 1] = u + rb;
-    }
-    float acc[NA];
+        for (int a = 0; a < N; a++) {
+            unsigned qw[4] = {q[a].x, q[a].y, q[a].z, q[a].w};
+            unsigned s0 = 0, s1 = 0;
+            int s2 = 0;
 #pragma unroll
-    for (int a = 0; a < NA; a++) acc[a] = 0.0f;
-    for (unsigned s = lane; s < cols / 32u; s += LANES) {
-        unsigned t = s % 8u;
-        unsigned boff = (s / 8u) * QB;
-        unsigned e0 = (s / 8u) * QK + 64u * (t / 2u) + 16u * (t % 2u);
-        unsigned jl = 2u * (t / 2u);
-        uint4 q[NA];
-        float4 sf[NA];
-#pragma unroll
-        for (int a = 0; a < NA; a++) {
-            q[a] = *reinterpret_cast<const uint4*>(mats[a] + boff + QS_AT + 16u * t);
-            sf[a] = k4_scales(*reinterpret_cast<const uint4*>(mats[a] + boff), jl, lane & 1u);
-        }
-#pragma unroll
-        for (unsigned g = 0; g < 2; g++) {
-            unsigned e = e0 + 32u * g;  // the group's 16 elements: limb words e/4 .. e/4 + 3
-            uint4 l0 = limbs[(0 * cols + e) / 16], l1 = limbs[(1 * cols + e) / 16], l2 = limbs[(2 * cols + e) / 16];
-            float xs = xsum[e / 16], sc = xscale[e / 32];
-            unsigned L0[4] = {l0.x, l0.y, l0.z, l0.w}, L1[4] = {l1.x, l1.y, l1.z, l1.w}, L2[4] = {l2.x, l2.y, l2.z, l2.w};
-#pragma unroll
-            for (int a = 0; a < NA; a++) {
-                unsigned qw[4] = {q[a].x, q[a].y, q[a].z, q[a].w};
-                unsigned s0 = 0;
-                unsigned s1 = 0;
-                int s2 = 0;
-#pragma unroll
-                for (int wd = 0; wd < 4; wd++) {
-                    unsigned qb = (qw[wd] >> (4u * g)) & 0x0F0F0F0Fu;
-                    s0 = __dp4a(qb, L0[wd], s0);
-                    s1 = __dp4a(qb, L1[wd], s1);
-                    s2 = __dp4a((int)qb, (int)L2[wd], s2);
-                }
-                float S = __fmul_rn(__fadd_rn(__fadd_rn(__fmul_rn((float)s2, 65536.0f), __fmul_rn((float)s1, 256.0f)), (float)s0), sc);
-                float dsc = g == 0 ? sf[a].x : sf[a].z, dm = g == 0 ? sf[a].y : sf[a].w;
-                acc[a] = __fadd_rn(acc[a], __fsub_rn(__fmul_rn(dsc, S), __fmul_rn(dm, xs)));
+            for (int wd = 0; wd < 4; wd++) {
+                unsigned qb = (qw[wd] >> (4u * g)) & 0x0F0F0F0Fu;
+                s0 = __dp4a(qb, L0[wd], s0);
+                s1 = __dp4a(qb, L1[wd], s1);
+                s2 = __dp4a((int)qb, (int)L2[wd], s2);
             }
+            S[a] = __fmul_rn(__fadd_rn(__fadd_rn(__fmul_rn((float)s2, 65536.0f), __fmul_rn((float)s1, 256.0f)), (float)s0), sc);
         }
     }
-#pragma unroll
-    for (unsigned st = LANES / 2; st > 0; st >>= 1)
-#pragma unroll
-        for (int a = 0; a < NA; a++) acc[a] = __fadd_rn(acc[a], __shfl_xor_sync(0xFFFFFFFFu, acc[a], st));
-#pragma unroll
-    for (int r = 0; r < RPT; r++) {
-        unsigned row = row0 + r;
-        if (lane == 0 && row < rows) {
-            float v = acc[r * NACC];
-            if (NACC == 2)
-                v = __fmul_rn(__fdiv_rn(acc[r * NACC], __fadd_rn(1.0f, __expf(-acc[r * NACC]))), acc[r * NACC + 1]);
-            out[blockIdx.y * rows + row] = v;
-        }
-    }
-}
+};
 
 // Median time of one launch of `f` in µs (300 ms warm-up, 7 runs of ~30 ms).
 template <class F>
@@ -427,7 +395,7 @@ int main(int argc, char** argv) {
         hp[i] = a, hp[hid + i] = b, hp[2 * hid + i] = __float2half_rn(r - __half2float(b));
         hxs[i / 32] += hx[i];
     }
-    // x as 24-bit integers per 32-element sub-block, in three byte limbs (idot_m1).
+    // x as 24-bit integers per 32-element sub-block, in three byte limbs (LimbX).
     std::vector<unsigned> hlimb(3 * hid / 4, 0u);
     std::vector<float> hsum16(hid / 16, 0.0f), hscale(hid / 32);
     for (unsigned sb = 0; sb < hid / 32; sb++) {
@@ -469,6 +437,7 @@ int main(int argc, char** argv) {
     CHECK(cudaMemcpy(limb, hlimb.data(), 3 * hid, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(sum16, hsum16.data(), hid / 16 * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(scale, hscale.data(), hid / 32 * 4, cudaMemcpyHostToDevice));
+    const LimbX limbs{limb, sum16, scale, hid};
     std::vector<unsigned long long> ho(pool);
     for (unsigned e = 0; e < pool; e++) ho[e] = e * emat;
     CHECK(cudaMemcpy(offs, ho.data(), pool * 8, cudaMemcpyHostToDevice));
@@ -496,11 +465,11 @@ int main(int argc, char** argv) {
         snprintf(name, sizeof name, "slice %u lanes %d rows: gate/up 8x1536x4096", L, R);
         // Eight of the pool's 48 experts a launch, a different eight each time (past L2).
         report(name, [&](int i) {
-            slice_m1<2, L, R><<<dim3((inter + per - 1) / per, k), WG>>>(g, u, offs + (i % 6) * k, x, out, inter, hid);
+            slice_m1<2, L, R><<<dim3((inter + per - 1) / per, k), WG>>>(g, u, offs + (i % 6) * k, FloatX{x}, out, inter, hid);
         }, bg);
         snprintf(name, sizeof name, "slice %u lanes %d rows: matvec 151936x4096", L, R);
         report(name, [&](int) {
-            slice_m1<1, L, R><<<dim3((lm_rows + per - 1) / per, 1), WG>>>(l, l, zoff, x, out, lm_rows, hid);
+            slice_m1<1, L, R><<<dim3((lm_rows + per - 1) / per, 1), WG>>>(l, l, zoff, FloatX{x}, out, lm_rows, hid);
         }, bm);
     };
     auto mma = [&](auto mt) {
@@ -521,12 +490,11 @@ int main(int argc, char** argv) {
         char name[96];
         snprintf(name, sizeof name, "idot %d rows: gate/up 8x1536x4096", R);
         report(name, [&](int i) {
-            idot_m1<2, R><<<dim3((inter + per - 1) / per, k), WG>>>(g, u, offs + (i % 6) * k, limb, sum16, scale, out,
-                                                                   inter, hid);
+            slice_m1<2, 32, R><<<dim3((inter + per - 1) / per, k), WG>>>(g, u, offs + (i % 6) * k, limbs, out, inter, hid);
         }, bg);
         snprintf(name, sizeof name, "idot %d rows: matvec 151936x4096", R);
         report(name, [&](int) {
-            idot_m1<1, R><<<dim3((lm_rows + per - 1) / per, 1), WG>>>(l, l, zoff, limb, sum16, scale, out, lm_rows, hid);
+            slice_m1<1, 32, R><<<dim3((lm_rows + per - 1) / per, 1), WG>>>(l, l, zoff, limbs, out, lm_rows, hid);
         }, bm);
     };
     using U = unsigned;
@@ -544,13 +512,13 @@ int main(int argc, char** argv) {
             printf("%s: max |out - f64 reference| %.3g (largest |reference| %.3g)\n", what, worst, scale);
             return 0;
         };
-        slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, x, out, lm_rows, hid);
+        slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, FloatX{x}, out, lm_rows, hid);
         check("slice");
         mma_m1<1><<<(lm_rows + 63) / 64, WG>>>(l, xp, xs, out, lm_rows, hid);
         check("mma 1 tile");
         mma_m1<2><<<(lm_rows + 127) / 128, WG>>>(l, xp, xs, out, lm_rows, hid);
         check("mma 2 tiles");
-        idot_m1<1, 1><<<lm_rows / 4, WG>>>(l, l, zoff, limb, sum16, scale, out, lm_rows, hid);
+        slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, limbs, out, lm_rows, hid);
         check("idot");
     }
     if (pick < 0 || pick == 0) slice(std::integral_constant<U, 32>(), std::integral_constant<I, 1>());
