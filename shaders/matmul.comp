@@ -49,31 +49,7 @@ layout(constant_id = 0) const uint RPT = 1u;     // rows per lane group (<= MAX_
 layout(constant_id = 1) const uint UNROLL = 4u;  // chunks loaded ahead (<= MAX_UNROLL)
 layout(constant_id = 2) const uint LANES = 32u;  // lanes per row (power of two <= WG_SIZE)
 
-layout(push_constant) uniform Params {
-    uint rows;       // output rows of this dispatch
-    uint cols;       // inputs per row
-    uint m;          // tokens (without FLAG_TABLE)
-    uint w_off;      // offset of row 0 in the weight binding (gate), in weight units
-    uint w2_off;     // offset of row 0 of the up weights (GATE_UP only), in weight units
-    uint x_off;      // act offset of token 0's input
-    uint x_stride;   // act elements between tokens' inputs
-    uint out_off;    // act offset of (token 0, row 0) of the output
-    uint out_stride; // act elements between tokens' outputs
-    uint map_off;    // route_u offset of the token map (GATHER / SCATTER)
-    uint map_div;    // divisor applied to gathered indices
-    uint flags;
-    uint tab_off;    // route_u offset of the expert table (FLAG_TABLE)
-    // A stack of up to four matrices with one input (an attention's q, k, v and output
-    // gate, stored one after another): the rows from split1 on belong to the second,
-    // whose row split1 is written at out2_off, and so on; ~0u splits for one matrix.
-    uint split1;
-    uint out2_off;
-    uint split2;
-    uint out3_off;
-    uint split3;
-    uint out4_off;
-    uint wt_off;     // route_f offset of the routing weights (FLAG_COMBINE)
-} pc;
+#include "matmul_io.glsl"
 
 // Loops whose body indexes a register array (wrow, xb, wq, uq, wv, uv, xq, acc) are
 // written FOR_X(BODY) (common.glsl); GU(code) keeps code in the GATE_UP variants only.
@@ -169,28 +145,6 @@ void unpack(vec4 q, out float v[CHUNK]) {
 #define NA (NACC * MAX_RPT * TB)
 #define FOR_A(B) FOR_K(FOR_R(FOR_I({ const uint a = ACC(k, r, i); B })))
 shared float red[NA * WG_SIZE];
-
-uint x_row(uint p) {
-    return (pc.flags & FLAG_GATHER) != 0u ? route_u[pc.map_off + p] / pc.map_div : p;
-}
-
-uint out_row(uint p) {
-    return (pc.flags & FLAG_SCATTER) != 0u ? route_u[pc.map_off + p] : p;
-}
-
-// Act offset of row `row` of token 0's output (its stack member's).
-uint out_at(uint row) {
-    if (row < pc.split1) {
-        return pc.out_off + row;
-    }
-    if (row < pc.split2) {
-        return pc.out2_off + (row - pc.split1);
-    }
-    if (row < pc.split3) {
-        return pc.out3_off + (row - pc.split2);
-    }
-    return pc.out4_off + (row - pc.split3);
-}
 
 #ifdef EMBED
 // Embedding lookup: out[t][j] = W[route_u[map_off + t] - x_off][j] for the m tokens whose
@@ -398,13 +352,7 @@ void main() {
     if (r < RPT && row < pc.rows && t0 + i < n) {                                        \
         float val = acc[ACC(0u, r, i)];                                                  \
         GU(precise float hv = silu(val) * acc[ACC(1u, r, i)]; val = hv;)                 \
-        uint o = out_at(row) + out_row(p0 + t0 + i) * pc.out_stride;                     \
-        if ((pc.flags & FLAG_ACCUMULATE) != 0u) {                                        \
-            precise float sum = ACT(o) + val;                                            \
-            ACT(o) = sum;                                                                \
-        } else {                                                                         \
-            ACT(o) = val;                                                                \
-        }                                                                                \
+        store_out(out_at(row) + out_row(p0 + t0 + i) * pc.out_stride, val);             \
     }
             FOR_R(FOR_I(STORE))
         }

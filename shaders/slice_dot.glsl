@@ -21,9 +21,10 @@
 // exactly, as the CPU computes it.
 //
 // Each format below defines: SLICE_AT (slice s's block byte offset boff, first element
-// e0 and format values), SLICE_LOAD_M (one row's quant words into sq[a][0..1] and its
-// group scales into sf[a]), GROUP_E (group g's first element after e0), GROUP_QUANTS
-// (group g's 16 quants as floats) and GROUP_TERM (the term from sdot and, for K4, xs).
+// e0 and format values), SLICE_LOAD_M (the quant words of the row at weight offset row
+// into sq[a][0..1] and its group scales into sf[a]), GROUP_E (group g's first element
+// after e0), GROUP_QUANTS (group g's 16 quants as floats) and GROUP_TERM (the term from
+// sdot and, for K4, xs).
 
 layout(set = 0, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 #ifdef GATE_UP
@@ -117,9 +118,9 @@ void k4_quants(uvec4 q, uvec4 h, uint j, uint hf, out float v[16]) {
     uint boff = (s / 8u) * QB;                                                            \
     uint e0 = (s / 8u) * QK + 64u * (t / 2u) + 16u * (t % 2u);                            \
     uint jl = 2u * (t / 2u);
-#define SLICE_LOAD_M(B, B4, base, a)                                                      \
+#define SLICE_LOAD_M(B, B4, base, row, a)                                                 \
     {                                                                                     \
-        uint blk = (base) + wrow[r] + boff;                                               \
+        uint blk = (base) + (row) + boff;                                               \
         sq[a][0] = LD16(B, B4, blk + QS_AT + 16u * t, vec16);                             \
         K5(sq[a][1] = LD16(B, B4, blk + 16u + 16u * (t % 2u), vec16);)                    \
         sf[a] = k4_scales(LD16(B, B4, blk, vec16), jl, lane & 1u);                        \
@@ -186,9 +187,9 @@ void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
     uint h = (s % 4u) / 2u;                                                               \
     uint gp = s % 2u;                                                                     \
     uint e0 = (s / 8u) * QK + 128u * hn + 32u * gp + 16u * h;
-#define SLICE_LOAD_M(B, B4, base, a)                                                      \
+#define SLICE_LOAD_M(B, B4, base, row, a)                                                 \
     {                                                                                     \
-        uint blk = (base) + wrow[r] + boff;                                               \
+        uint blk = (base) + (row) + boff;                                               \
         sq[a][0] = LD16E(B, blk + 64u * hn + 32u * gp + 16u * h);                         \
         sq[a][1] = LD16E(B, blk + 128u + 32u * hn + 16u * h);                             \
         sf[a] = q6_scales(LD2E(B, blk + 208u), LD8E(B, blk + 192u + 8u * hn), 2u * gp + h); \
@@ -218,8 +219,8 @@ void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
     }
 #define SLICE_LOAD                                                                        \
     if (r < RPT) {                                                                        \
-        SLICE_LOAD_M(w, w4, wo, r * NACC)                                                 \
-        GU(SLICE_LOAD_M(u, u4, uo, r * NACC + 1u))                                        \
+        SLICE_LOAD_M(w, w4, wo, wrow[r], r * NACC)                                        \
+        GU(SLICE_LOAD_M(u, u4, uo, wrow[r], r * NACC + 1u))                               \
     }
 // One group of the slice: its quants as floats, then every token.
 #define SLICE_GROUP                                                                       \

@@ -13,7 +13,9 @@
 // quants as exact floats by masking under an exponent, S = Σ q·x by fma, X = Σ x, term =
 // (d·sc)·S − (dmin·m)·X) and tree as the Vulkan kernel; RPT rows per lane group share each
 // load of x; its groups' sums come from the f32 inputs (FloatX) or from integer dot
-// products on 24-bit limbs of x (LimbX). mma_m1: the same sums on the tensor cores. main
+// products on 24-bit limbs of x (LimbX). xreg_m1: slice_m1's bytes with x held in
+// registers across rows (shaders/matvec_resident.comp's split; main checks the bytes).
+// mma_m1: the same sums on the tensor cores. main
 // checks each against an f64 reference and times, median of 7 ~30 ms runs after a 300 ms
 // warm-up, in µs and GB/s of quantised bytes against 4.8 TB/s: the 8-expert gate/up of
 // the 235B shape (1536 × 4096 each, a different eight of 48 each launch, past L2) and a
@@ -25,6 +27,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -82,8 +85,32 @@ __device__ __forceinline__ float byte_float(unsigned n, unsigned p, unsigned m) 
     return __uint_as_float((n & (m << p)) | ((150u - p) << 23)) - (float)(1u << (23u - p));
 }
 
-// One group (16 weights, the low (hf 0) or high (hf 1) nibbles of the slice's 16 bytes)
-// of N row slices (q[a]: gate/up and rows) against the same 16 inputs: S per slice, and X.
+// S = Σ q·x of one row slice's group (16 weights, the low (hf 0) or high (hf 1) nibbles of
+// the slice's 16 quant bytes q) against its 16 inputs xv, by fma in order.
+__device__ __forceinline__ float qdot16(const uint4& q, unsigned hf, const float (&xv)[16]) {
+    unsigned w[4] = {q.x, q.y, q.z, q.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int wd = 0; wd < 4; wd++) {
+        unsigned n = w[wd], hi = n >> 16, p = 4u * hf;
+        s = fmaf(byte_float(n, p, 0xFu), xv[4 * wd], s);
+        s = fmaf(byte_float(n, p + 8u, 0xFu), xv[4 * wd + 1], s);
+        s = fmaf(byte_float(hi, p, 0xFu), xv[4 * wd + 2], s);
+        s = fmaf(byte_float(hi, p + 8u, 0xFu), xv[4 * wd + 3], s);
+    }
+    return s;
+}
+
+// X = Σ x of 16 inputs, in order.
+__device__ __forceinline__ float xsum16(const float (&xv)[16]) {
+    float xs = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) xs = __fadd_rn(xs, xv[i]);
+    return xs;
+}
+
+// One group of N row slices (q[a]: gate/up and rows) against the same 16 inputs from x:
+// S per slice, and X.
 template <int N>
 __device__ __forceinline__ void group(const uint4 (&q)[N], unsigned hf, const float4* x, float (&sdot)[N], float& xs) {
     float xv[16];
@@ -92,23 +119,9 @@ __device__ __forceinline__ void group(const uint4 (&q)[N], unsigned hf, const fl
         float4 v = x[c];
         xv[4 * c] = v.x, xv[4 * c + 1] = v.y, xv[4 * c + 2] = v.z, xv[4 * c + 3] = v.w;
     }
-    xs = 0.0f;
+    xs = xsum16(xv);
 #pragma unroll
-    for (int i = 0; i < 16; i++) xs = __fadd_rn(xs, xv[i]);
-#pragma unroll
-    for (int a = 0; a < N; a++) {
-        unsigned w[4] = {q[a].x, q[a].y, q[a].z, q[a].w};
-        float s = 0.0f;
-#pragma unroll
-        for (int wd = 0; wd < 4; wd++) {
-            unsigned n = w[wd], hi = n >> 16, p = 4u * hf;
-            s = fmaf(byte_float(n, p, 0xFu), xv[4 * wd], s);
-            s = fmaf(byte_float(n, p + 8u, 0xFu), xv[4 * wd + 1], s);
-            s = fmaf(byte_float(hi, p, 0xFu), xv[4 * wd + 2], s);
-            s = fmaf(byte_float(hi, p + 8u, 0xFu), xv[4 * wd + 3], s);
-        }
-        sdot[a] = s;
-    }
+    for (int a = 0; a < N; a++) sdot[a] = qdot16(q[a], hf, xv);
 }
 
 // The inputs as slice_m1's groups read them: the f32 row itself, S = Σ q·x by fma in
@@ -179,6 +192,88 @@ __global__ void __launch_bounds__(WG) slice_m1(const unsigned char* __restrict__
             float v = acc[r * NACC];
             if (NACC == 2)
                 v = __fmul_rn(__fdiv_rn(acc[r * NACC], __fadd_rn(1.0f, __expf(-acc[r * NACC]))), acc[r * NACC + 1]);
+            out[blockIdx.y * rows + row] = v;
+        }
+    }
+}
+
+// ---- x held in registers across rows (the same sums as slice_m1<NACC, 32, 1>) ----
+// slice_m1 reads a row's whole f32 input from L1 for every row (7x the quant bytes). Here a
+// workgroup of WG = cols / 32 threads owns one slice each, thread t slice t, for every one
+// of RB consecutive rows: its 32 inputs and their two 16-element sums X are loaded once
+// into registers, each row costs it 32 quant bytes and the 16-byte block header (the next
+// row's loads issued before this row's arithmetic). Each thread's two terms a row go to
+// workgroup memory; warp w then plays lane l of slice_m1's 32-lane group for rows w,
+// w + WG/32, ...: the chain over slices l, l + 32, ... (threads l, l + 32, ...) in slice_m1's
+// order, then the same butterfly. Same operations on the same operands: the same bytes.
+template <int NACC, int RB>
+__global__ void __launch_bounds__(WG) xreg_m1(const unsigned char* __restrict__ w, const unsigned char* __restrict__ u,
+                                              const unsigned long long* __restrict__ e_off, const float* __restrict__ x,
+                                              float* __restrict__ out, unsigned rows, unsigned cols) {
+    __shared__ float part[RB][NACC][2][WG];
+    const unsigned t = threadIdx.x, lane = t % 32u, t8 = t % 8u;
+    const unsigned boff = (t / 8u) * QB, e0 = (t / 8u) * QK + 64u * (t8 / 2u) + 16u * (t8 % 2u), jl = 2u * (t8 / 2u);
+    float xv[2][16], xs[2];
+#pragma unroll
+    for (int g = 0; g < 2; g++) {
+        const float4* xp = reinterpret_cast<const float4*>(x + e0 + 32u * g);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            float4 v = xp[c];
+            xv[g][4 * c] = v.x, xv[g][4 * c + 1] = v.y, xv[g][4 * c + 2] = v.z, xv[g][4 * c + 3] = v.w;
+        }
+        xs[g] = xsum16(xv[g]);
+    }
+    const unsigned long long rb = cols / QK * QB, eo = e_off[blockIdx.y];
+    const unsigned row0 = blockIdx.x * RB;
+    auto at = [&](int a, int r) {
+        return (a == 0 ? w : u) + eo + (unsigned long long)min(row0 + (unsigned)r, rows - 1u) * rb + boff;
+    };
+    uint4 q[2][NACC], h[2][NACC];
+#pragma unroll
+    for (int a = 0; a < NACC; a++) {
+        q[0][a] = *reinterpret_cast<const uint4*>(at(a, 0) + QS_AT + 16u * t8);
+        h[0][a] = *reinterpret_cast<const uint4*>(at(a, 0));
+    }
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+        const int cur = r & 1, nxt = cur ^ 1;
+        if (r + 1 < RB)
+#pragma unroll
+            for (int a = 0; a < NACC; a++) {
+                q[nxt][a] = *reinterpret_cast<const uint4*>(at(a, r + 1) + QS_AT + 16u * t8);
+                h[nxt][a] = *reinterpret_cast<const uint4*>(at(a, r + 1));
+            }
+#pragma unroll
+        for (int a = 0; a < NACC; a++) {
+            float4 sf = k4_scales(h[cur][a], jl, lane & 1u);
+#pragma unroll
+            for (unsigned g = 0; g < 2; g++) {
+                float sc = g == 0 ? sf.x : sf.z, mn = g == 0 ? sf.y : sf.w;
+                part[r][a][g][t] = __fsub_rn(__fmul_rn(sc, qdot16(q[cur][a], g, xv[g])), __fmul_rn(mn, xs[g]));
+            }
+        }
+    }
+    __syncthreads();
+    for (unsigned r = t / 32u; r < RB; r += WG / 32u) {
+        float acc[NACC];
+#pragma unroll
+        for (int a = 0; a < NACC; a++) {
+            acc[a] = 0.0f;
+#pragma unroll
+            for (unsigned k = 0; k < WG / 32u; k++) {
+                acc[a] = __fadd_rn(acc[a], part[r][a][0][32u * k + lane]);
+                acc[a] = __fadd_rn(acc[a], part[r][a][1][32u * k + lane]);
+            }
+        }
+#pragma unroll
+        for (unsigned st = 16; st > 0; st >>= 1)
+#pragma unroll
+            for (int a = 0; a < NACC; a++) acc[a] = __fadd_rn(acc[a], __shfl_xor_sync(0xFFFFFFFFu, acc[a], st));
+        unsigned row = row0 + r;
+        if (lane == 0 && row < rows) {
+            float v = acc[0];
+            if (NACC == 2) v = __fmul_rn(__fdiv_rn(acc[0], __fadd_rn(1.0f, __expf(-acc[0]))), acc[NACC - 1]);
             out[blockIdx.y * rows + row] = v;
         }
     }
@@ -497,6 +592,18 @@ int main(int argc, char** argv) {
             slice_m1<1, 32, R><<<dim3((lm_rows + per - 1) / per, 1), WG>>>(l, l, zoff, limbs, out, lm_rows, hid);
         }, bm);
     };
+    auto xr = [&](auto rb) {
+        constexpr int RB = decltype(rb)::value;
+        char name[96];
+        snprintf(name, sizeof name, "xreg %d rows: gate/up 8x1536x4096", RB);
+        report(name, [&](int i) {
+            xreg_m1<2, RB><<<dim3((inter + RB - 1) / RB, k), WG>>>(g, u, offs + (i % 6) * k, x, out, inter, hid);
+        }, bg);
+        snprintf(name, sizeof name, "xreg %d rows: matvec 151936x4096", RB);
+        report(name, [&](int) {
+            xreg_m1<1, RB><<<dim3((lm_rows + RB - 1) / RB, 1), WG>>>(l, l, zoff, x, out, lm_rows, hid);
+        }, bm);
+    };
     using U = unsigned;
     using I = int;
     if (pick < 0) {
@@ -520,6 +627,28 @@ int main(int argc, char** argv) {
         check("mma 2 tiles");
         slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, limbs, out, lm_rows, hid);
         check("idot");
+        // xreg_m1 against slice_m1, byte for byte: the LM-head matvec and a gate/up.
+        auto same = [&](const char* what, size_t n, auto ref, auto run) {
+            std::vector<float> a(n), b(n);
+            ref();
+            CHECK(cudaMemcpy(a.data(), out, n * 4, cudaMemcpyDeviceToHost));
+            CHECK(cudaMemset(out, 0xFF, n * 4));
+            run();
+            CHECK(cudaMemcpy(b.data(), out, n * 4, cudaMemcpyDeviceToHost));
+            size_t diff = 0;
+            for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+            printf("%s: %zu of %zu outputs differ in bytes from slice_m1\n", what, diff, n);
+            return 0;
+        };
+        same("xreg 16 rows matvec", lm_rows,
+             [&] { slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, FloatX{x}, out, lm_rows, hid); },
+             [&] { xreg_m1<1, 16><<<dim3(lm_rows / 16, 1), WG>>>(l, l, zoff, x, out, lm_rows, hid); });
+        same("xreg 16 rows gate/up", (size_t)k * inter,
+             [&] { slice_m1<2, 32, 1><<<dim3(inter / 4, k), WG>>>(g, u, offs, FloatX{x}, out, inter, hid); },
+             [&] { xreg_m1<2, 16><<<dim3(inter / 16, k), WG>>>(g, u, offs, x, out, inter, hid); });
+        same("xreg 8 rows gate/up", (size_t)k * inter,
+             [&] { slice_m1<2, 32, 1><<<dim3(inter / 4, k), WG>>>(g, u, offs, FloatX{x}, out, inter, hid); },
+             [&] { xreg_m1<2, 8><<<dim3(inter / 8, k), WG>>>(g, u, offs, x, out, inter, hid); });
     }
     if (pick < 0 || pick == 0) slice(std::integral_constant<U, 32>(), std::integral_constant<I, 1>());
     if (pick < 0 || pick == 1) slice(std::integral_constant<U, 32>(), std::integral_constant<I, 2>());
@@ -527,6 +656,8 @@ int main(int argc, char** argv) {
     if (pick < 0 || pick == 3) mma(std::integral_constant<I, 2>());
     if (pick < 0 || pick == 4) idot(std::integral_constant<I, 1>());
     if (pick < 0 || pick == 5) idot(std::integral_constant<I, 2>());
+    if (pick < 0 || pick == 6) xr(std::integral_constant<I, 8>());
+    if (pick < 0 || pick == 7) xr(std::integral_constant<I, 16>());
     CHECK(cudaGetLastError());
     return 0;
 }

@@ -1,0 +1,61 @@
+// The matmul kernels' push constants and where a product's rows go (matmul.comp and
+// matvec_resident.comp): token p's input row, its output row, a row's place in a
+// stack of matrices that share the input, and the store of a result.
+
+layout(push_constant) uniform Params {
+    uint rows;       // output rows of this dispatch
+    uint cols;       // inputs per row
+    uint m;          // tokens (without FLAG_TABLE)
+    uint w_off;      // offset of row 0 in the weight binding (gate), in weight units
+    uint w2_off;     // offset of row 0 of the up weights (GATE_UP only), in weight units
+    uint x_off;      // act offset of token 0's input
+    uint x_stride;   // act elements between tokens' inputs
+    uint out_off;    // act offset of (token 0, row 0) of the output
+    uint out_stride; // act elements between tokens' outputs
+    uint map_off;    // route_u offset of the token map (GATHER / SCATTER)
+    uint map_div;    // divisor applied to gathered indices
+    uint flags;
+    uint tab_off;    // route_u offset of the expert table (FLAG_TABLE)
+    // A stack of up to four matrices with one input (an attention's q, k, v and output
+    // gate, stored one after another): the rows from split1 on belong to the second,
+    // whose row split1 is written at out2_off, and so on; ~0u splits for one matrix.
+    uint split1;
+    uint out2_off;
+    uint split2;
+    uint out3_off;
+    uint split3;
+    uint out4_off;
+    uint wt_off;     // route_f offset of the routing weights (FLAG_COMBINE)
+} pc;
+
+uint x_row(uint p) {
+    return (pc.flags & FLAG_GATHER) != 0u ? route_u[pc.map_off + p] / pc.map_div : p;
+}
+
+uint out_row(uint p) {
+    return (pc.flags & FLAG_SCATTER) != 0u ? route_u[pc.map_off + p] : p;
+}
+
+// Act offset of row `row` of token 0's output (its stack member's).
+uint out_at(uint row) {
+    if (row < pc.split1) {
+        return pc.out_off + row;
+    }
+    if (row < pc.split2) {
+        return pc.out2_off + (row - pc.split1);
+    }
+    if (row < pc.split3) {
+        return pc.out3_off + (row - pc.split2);
+    }
+    return pc.out4_off + (row - pc.split3);
+}
+
+// Stores result val at act offset o, or adds it there (FLAG_ACCUMULATE: a residual add).
+void store_out(uint o, float val) {
+    if ((pc.flags & FLAG_ACCUMULATE) != 0u) {
+        precise float sum = ACT(o) + val;
+        ACT(o) = sum;
+    } else {
+        ACT(o) = val;
+    }
+}
