@@ -133,6 +133,24 @@ struct FloatX {
     __device__ __forceinline__ void operator()(const uint4 (&q)[N], unsigned g, unsigned e, float (&S)[N], float& xs) const {
         group<N>(q, g, reinterpret_cast<const float4*>(x + e), S, xs);
     }
+    // xreg_m1's resident form: a slice's two groups of inputs (from e0 and e0 + 32) and X.
+    struct Regs {
+        float xv[2][16], xs[2];
+    };
+    __device__ __forceinline__ void load(Regs& r, unsigned e0) const {
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            const float4* xp = reinterpret_cast<const float4*>(x + e0 + 32u * g);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float4 v = xp[c];
+                r.xv[g][4 * c] = v.x, r.xv[g][4 * c + 1] = v.y, r.xv[g][4 * c + 2] = v.z, r.xv[g][4 * c + 3] = v.w;
+            }
+            r.xs[g] = xsum16(r.xv[g]);
+        }
+    }
+    // S of row slice q over group g, as operator() forms it.
+    __device__ __forceinline__ float dot(const Regs& r, const uint4& q, unsigned g) const { return qdot16(q, g, r.xv[g]); }
 };
 
 // The m=1 slice kernel over NACC matrices sharing x (1: a matvec, 2: SwiGLU gate/up), RPT
@@ -197,33 +215,25 @@ __global__ void __launch_bounds__(WG) slice_m1(const unsigned char* __restrict__
     }
 }
 
-// ---- x held in registers across rows (the same sums as slice_m1<NACC, 32, 1>) ----
+// ---- x held in registers across rows (the same sums as slice_m1<NACC, 32, 1, In>) ----
 // slice_m1 reads a row's whole f32 input from L1 for every row (7x the quant bytes). Here a
 // workgroup of WG = cols / 32 threads owns one slice each, thread t slice t, for every one
 // of RB consecutive rows: its 32 inputs and their two 16-element sums X are loaded once
 // into registers, each row costs it 32 quant bytes and the 16-byte block header (the next
-// row's loads issued before this row's arithmetic). Each thread's two terms a row go to
-// workgroup memory; warp w then plays lane l of slice_m1's 32-lane group for rows w,
+// row's loads issued before this row's arithmetic; the inputs as In::Regs holds them: f32
+// or limbs). Each thread's two terms a row go to workgroup memory; warp w then plays
+// lane l of slice_m1's 32-lane group for rows w,
 // w + WG/32, ...: the chain over slices l, l + 32, ... (threads l, l + 32, ...) in slice_m1's
 // order, then the same butterfly. Same operations on the same operands: the same bytes.
-template <int NACC, int RB>
+template <int NACC, int RB, class In>
 __global__ void __launch_bounds__(WG) xreg_m1(const unsigned char* __restrict__ w, const unsigned char* __restrict__ u,
-                                              const unsigned long long* __restrict__ e_off, const float* __restrict__ x,
+                                              const unsigned long long* __restrict__ e_off, In in,
                                               float* __restrict__ out, unsigned rows, unsigned cols) {
     __shared__ float part[RB][NACC][2][WG];
     const unsigned t = threadIdx.x, lane = t % 32u, t8 = t % 8u;
     const unsigned boff = (t / 8u) * QB, e0 = (t / 8u) * QK + 64u * (t8 / 2u) + 16u * (t8 % 2u), jl = 2u * (t8 / 2u);
-    float xv[2][16], xs[2];
-#pragma unroll
-    for (int g = 0; g < 2; g++) {
-        const float4* xp = reinterpret_cast<const float4*>(x + e0 + 32u * g);
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            float4 v = xp[c];
-            xv[g][4 * c] = v.x, xv[g][4 * c + 1] = v.y, xv[g][4 * c + 2] = v.z, xv[g][4 * c + 3] = v.w;
-        }
-        xs[g] = xsum16(xv[g]);
-    }
+    typename In::Regs xr;
+    in.load(xr, e0);
     const unsigned long long rb = cols / QK * QB, eo = e_off[blockIdx.y];
     const unsigned row0 = blockIdx.x * RB;
     auto at = [&](int a, int r) {
@@ -250,7 +260,7 @@ __global__ void __launch_bounds__(WG) xreg_m1(const unsigned char* __restrict__ 
 #pragma unroll
             for (unsigned g = 0; g < 2; g++) {
                 float sc = g == 0 ? sf.x : sf.z, mn = g == 0 ? sf.y : sf.w;
-                part[r][a][g][t] = __fsub_rn(__fmul_rn(sc, qdot16(q[cur][a], g, xv[g])), __fmul_rn(mn, xs[g]));
+                part[r][a][g][t] = __fsub_rn(__fmul_rn(sc, in.dot(xr, q[cur][a], g)), __fmul_rn(mn, xr.xs[g]));
             }
         }
     }
@@ -387,31 +397,59 @@ __global__ void __launch_bounds__(WG) mma_m1(const unsigned char* __restrict__ w
 // f32's own rounding there), split into bytes xi = l2·2^16 + l1·2^8 + l0 (l0, l1 unsigned,
 // l2 signed), four elements' bytes to a word. S = Σ q·xi by dp4a per limb, in int32 exactly,
 // then float(S2)·2^16 + float(S1)·2^8 + float(S0) times 2^(e_s−23); X precomputed per 16.
+// S of row slice q over group g from the group's limb words L0, L1, L2 and scale sc.
+__device__ __forceinline__ float limb_dot(const uint4& q, unsigned g, const unsigned (&L0)[4], const unsigned (&L1)[4],
+                                          const unsigned (&L2)[4], float sc) {
+    unsigned qw[4] = {q.x, q.y, q.z, q.w};
+    unsigned s0 = 0, s1 = 0;
+    int s2 = 0;
+#pragma unroll
+    for (int wd = 0; wd < 4; wd++) {
+        unsigned qb = (qw[wd] >> (4u * g)) & 0x0F0F0F0Fu;
+        s0 = __dp4a(qb, L0[wd], s0);
+        s1 = __dp4a(qb, L1[wd], s1);
+        s2 = __dp4a((int)qb, (int)L2[wd], s2);
+    }
+    return __fmul_rn(__fadd_rn(__fadd_rn(__fmul_rn((float)s2, 65536.0f), __fmul_rn((float)s1, 256.0f)), (float)s0), sc);
+}
+
 struct LimbX {
     const uint4* limbs;   // limb j's words of elements 4k .. 4k + 3 at word j·cols/4 + k
     const float* xsum;    // Σ x of each 16 elements
     const float* xscale;  // 2^(e_s − 23) of each 32-element sub-block
     unsigned cols;
+    // The three limbs' words of the 16 elements from e.
+    __device__ __forceinline__ void words(unsigned e, unsigned (&L)[3][4]) const {
+#pragma unroll
+        for (unsigned j = 0; j < 3; j++) {
+            uint4 v = limbs[(j * cols + e) / 16];
+            L[j][0] = v.x, L[j][1] = v.y, L[j][2] = v.z, L[j][3] = v.w;
+        }
+    }
     template <int N>
     __device__ __forceinline__ void operator()(const uint4 (&q)[N], unsigned g, unsigned e, float (&S)[N], float& xs) const {
-        uint4 l0 = limbs[e / 16], l1 = limbs[(cols + e) / 16], l2 = limbs[(2 * cols + e) / 16];
+        unsigned L[3][4];
+        words(e, L);
         float sc = xscale[e / 32];
         xs = xsum[e / 16];
-        unsigned L0[4] = {l0.x, l0.y, l0.z, l0.w}, L1[4] = {l1.x, l1.y, l1.z, l1.w}, L2[4] = {l2.x, l2.y, l2.z, l2.w};
 #pragma unroll
-        for (int a = 0; a < N; a++) {
-            unsigned qw[4] = {q[a].x, q[a].y, q[a].z, q[a].w};
-            unsigned s0 = 0, s1 = 0;
-            int s2 = 0;
+        for (int a = 0; a < N; a++) S[a] = limb_dot(q[a], g, L[0], L[1], L[2], sc);
+    }
+    // xreg_m1's resident form, as FloatX's.
+    struct Regs {
+        unsigned l[2][3][4];
+        float xs[2], sc[2];
+    };
+    __device__ __forceinline__ void load(Regs& r, unsigned e0) const {
 #pragma unroll
-            for (int wd = 0; wd < 4; wd++) {
-                unsigned qb = (qw[wd] >> (4u * g)) & 0x0F0F0F0Fu;
-                s0 = __dp4a(qb, L0[wd], s0);
-                s1 = __dp4a(qb, L1[wd], s1);
-                s2 = __dp4a((int)qb, (int)L2[wd], s2);
-            }
-            S[a] = __fmul_rn(__fadd_rn(__fadd_rn(__fmul_rn((float)s2, 65536.0f), __fmul_rn((float)s1, 256.0f)), (float)s0), sc);
+        for (unsigned g = 0; g < 2; g++) {
+            unsigned e = e0 + 32u * g;
+            words(e, r.l[g]);
+            r.xs[g] = xsum[e / 16], r.sc[g] = xscale[e / 32];
         }
+    }
+    __device__ __forceinline__ float dot(const Regs& r, const uint4& q, unsigned g) const {
+        return limb_dot(q, g, r.l[g][0], r.l[g][1], r.l[g][2], r.sc[g]);
     }
 };
 
@@ -592,16 +630,16 @@ int main(int argc, char** argv) {
             slice_m1<1, 32, R><<<dim3((lm_rows + per - 1) / per, 1), WG>>>(l, l, zoff, limbs, out, lm_rows, hid);
         }, bm);
     };
-    auto xr = [&](auto rb) {
+    auto xr = [&](auto rb, auto in, const char* form) {
         constexpr int RB = decltype(rb)::value;
         char name[96];
-        snprintf(name, sizeof name, "xreg %d rows: gate/up 8x1536x4096", RB);
+        snprintf(name, sizeof name, "xreg %s %d rows: gate/up 8x1536x4096", form, RB);
         report(name, [&](int i) {
-            xreg_m1<2, RB><<<dim3((inter + RB - 1) / RB, k), WG>>>(g, u, offs + (i % 6) * k, x, out, inter, hid);
+            xreg_m1<2, RB><<<dim3((inter + RB - 1) / RB, k), WG>>>(g, u, offs + (i % 6) * k, in, out, inter, hid);
         }, bg);
-        snprintf(name, sizeof name, "xreg %d rows: matvec 151936x4096", RB);
+        snprintf(name, sizeof name, "xreg %s %d rows: matvec 151936x4096", form, RB);
         report(name, [&](int) {
-            xreg_m1<1, RB><<<dim3((lm_rows + RB - 1) / RB, 1), WG>>>(l, l, zoff, x, out, lm_rows, hid);
+            xreg_m1<1, RB><<<dim3((lm_rows + RB - 1) / RB, 1), WG>>>(l, l, zoff, in, out, lm_rows, hid);
         }, bm);
     };
     using U = unsigned;
@@ -640,15 +678,22 @@ int main(int argc, char** argv) {
             printf("%s: %zu of %zu outputs differ in bytes from slice_m1\n", what, diff, n);
             return 0;
         };
-        same("xreg 16 rows matvec", lm_rows,
-             [&] { slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, FloatX{x}, out, lm_rows, hid); },
-             [&] { xreg_m1<1, 16><<<dim3(lm_rows / 16, 1), WG>>>(l, l, zoff, x, out, lm_rows, hid); });
-        same("xreg 16 rows gate/up", (size_t)k * inter,
-             [&] { slice_m1<2, 32, 1><<<dim3(inter / 4, k), WG>>>(g, u, offs, FloatX{x}, out, inter, hid); },
-             [&] { xreg_m1<2, 16><<<dim3(inter / 16, k), WG>>>(g, u, offs, x, out, inter, hid); });
-        same("xreg 8 rows gate/up", (size_t)k * inter,
-             [&] { slice_m1<2, 32, 1><<<dim3(inter / 4, k), WG>>>(g, u, offs, FloatX{x}, out, inter, hid); },
-             [&] { xreg_m1<2, 8><<<dim3(inter / 8, k), WG>>>(g, u, offs, x, out, inter, hid); });
+        auto both = [&](const char* form, auto in) {
+            char what[64];
+            snprintf(what, sizeof what, "xreg %s 16 rows matvec", form);
+            same(what, lm_rows, [&] { slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, in, out, lm_rows, hid); },
+                 [&] { xreg_m1<1, 16><<<dim3(lm_rows / 16, 1), WG>>>(l, l, zoff, in, out, lm_rows, hid); });
+            snprintf(what, sizeof what, "xreg %s 16 rows gate/up", form);
+            same(what, (size_t)k * inter,
+                 [&] { slice_m1<2, 32, 1><<<dim3(inter / 4, k), WG>>>(g, u, offs, in, out, inter, hid); },
+                 [&] { xreg_m1<2, 16><<<dim3(inter / 16, k), WG>>>(g, u, offs, in, out, inter, hid); });
+            snprintf(what, sizeof what, "xreg %s 8 rows gate/up", form);
+            same(what, (size_t)k * inter,
+                 [&] { slice_m1<2, 32, 1><<<dim3(inter / 4, k), WG>>>(g, u, offs, in, out, inter, hid); },
+                 [&] { xreg_m1<2, 8><<<dim3(inter / 8, k), WG>>>(g, u, offs, in, out, inter, hid); });
+        };
+        both("f32", FloatX{x});
+        both("limbs", limbs);
     }
     if (pick < 0 || pick == 0) slice(std::integral_constant<U, 32>(), std::integral_constant<I, 1>());
     if (pick < 0 || pick == 1) slice(std::integral_constant<U, 32>(), std::integral_constant<I, 2>());
@@ -656,8 +701,9 @@ int main(int argc, char** argv) {
     if (pick < 0 || pick == 3) mma(std::integral_constant<I, 2>());
     if (pick < 0 || pick == 4) idot(std::integral_constant<I, 1>());
     if (pick < 0 || pick == 5) idot(std::integral_constant<I, 2>());
-    if (pick < 0 || pick == 6) xr(std::integral_constant<I, 8>());
-    if (pick < 0 || pick == 7) xr(std::integral_constant<I, 16>());
+    if (pick < 0 || pick == 6) xr(std::integral_constant<I, 8>(), FloatX{x}, "f32");
+    if (pick < 0 || pick == 7) xr(std::integral_constant<I, 16>(), FloatX{x}, "f32");
+    if (pick < 0 || pick == 8) xr(std::integral_constant<I, 16>(), limbs, "limbs");
     CHECK(cudaGetLastError());
     return 0;
 }
