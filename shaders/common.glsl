@@ -68,23 +68,19 @@ layout(set = 1, binding = 1) readonly buffer RouteF { float route_f[]; };
 float bf16_lo(uint w) { return uintBitsToFloat(w << 16); }
 float bf16_hi(uint w) { return uintBitsToFloat(w & 0xFFFF0000u); }
 
-// IEEE binary16 bits widened exactly to f32 with integer operations only (subnormals
-// normalised, infinities kept, NaNs quietened with their payload), as
-// actors/src/cpu/quant.rs's f16_to_f32 and F16C do.
+// IEEE binary16 bits widened exactly to f32 (subnormals normalised, infinities kept, NaNs
+// quietened with their payload), as actors/src/cpu/quant.rs's f16_to_f32 and F16C do,
+// without the conversion instruction (whose subnormal handling a driver may flush) and
+// without ever forming an f32 subnormal (which one may flush): a normal's exponent is
+// rebased in integer code, a subnormal's mantissa m becomes the float 2^23 + m minus 2^23
+// (exact) times 2^-24 (exact: the product is m·2^-24 >= 2^-24, a normal float).
 float f16_to_f32(uint h) {
     uint sign = (h & 0x8000u) << 16;
-    uint e = (h >> 10) & 0x1Fu;
-    uint man = h & 0x3FFu;
-    uint mag;
-    if (e == 0u) {
-        // man * 2^-24: exponent from the top set bit, which the shift drops.
-        int s = findMSB(man);
-        mag = man == 0u ? 0u : (uint(s + 103) << 23) | ((man << uint(23 - s)) & 0x7FFFFFu);
-    } else if (e == 0x1Fu) {
-        mag = man == 0u ? 0x7F800000u : (0x7FC00000u | (man << 13));
-    } else {
-        mag = ((e + 112u) << 23) | (man << 13);
-    }
+    uint em = h & 0x7FFFu;
+    uint hi = em << 13;
+    precise float sub = (uintBitsToFloat(0x4B000000u | em) - 8388608.0) * 5.9604644775390625e-8;
+    uint special = em == 0x7C00u ? 0x7F800000u : 0x7FC00000u | hi;
+    uint mag = em < 0x400u ? floatBitsToUint(sub) : (em >= 0x7C00u ? special : hi + (112u << 23));
     return uintBitsToFloat(sign | mag);
 }
 

@@ -789,6 +789,42 @@ fn device_embedding_rows_are_bitwise_the_cpus() {
     }
 }
 
+/// Every one of the 65,536 f16 bit patterns widened on the device (`f16_to_f32` in
+/// `shaders/common.glsl`, which every f16 weight and every block format's scales go
+/// through) is bitwise the CPU's: zeros, subnormals, normals, infinities and NaNs
+/// (quietened, payload kept), read back through the f16 embedding lookup, which stores
+/// the widened values as they are.
+#[test]
+fn every_f16_bit_pattern_widens_bitwise_as_the_cpu() {
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 17, 1024).unwrap();
+    let (rows, cols) = (256usize, 256usize);
+    let words: Vec<u32> = (0..1u32 << 15).map(|i| (2 * i) | (2 * i + 1) << 16).collect();
+    let mat = Mat { dtype: DType::F16, rows, cols, words };
+    let w = h.weight(&mat.view(), false).unwrap();
+    let ids: Vec<u32> = (0..rows as u32).collect();
+    h.write_route(&ids).unwrap();
+    let a = MatmulArgs {
+        rows: rows as u32,
+        cols: cols as u32,
+        m: rows as u32,
+        out_stride: cols as u32,
+        ..Default::default()
+    };
+    h.run(|r| r.embed(DType::F16, w.set(), a), 1).unwrap();
+    let got = bits(&h.read_act(0, rows * cols).unwrap());
+    for r in 0..rows {
+        for (c, want) in bits(&mat.row_f32(r)).into_iter().enumerate() {
+            let i = r * cols + c;
+            assert_eq!(
+                got[i], want,
+                "f16 bits {i:#06x}: {:#010x} on the device, {want:#010x} on the CPU",
+                got[i]
+            );
+        }
+    }
+}
+
 /// The batched delta rule against its one-row step, byte for byte (outputs and the state
 /// after the block), on shapes with grouped value heads, a key dim that is not a
 /// multiple of the lanes, value columns over one workgroup tile, and a decay whose

@@ -42,19 +42,15 @@
 
 constexpr unsigned QK = 256, QB = 144, QS_AT = 16, WG = 128;
 
-// common.glsl's f16_to_f32, in integer code (exact for every f16).
+// common.glsl's f16_to_f32 (exact for every f16, no f32 subnormal formed).
 __device__ __forceinline__ float f16_to_f32(unsigned h) {
-    unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, man = h & 0x3FFu, mag;
-    if (e == 0u) {
-        int s = 31 - __clz(man);
-        mag = man == 0u ? 0u : ((unsigned)(s + 103) << 23) | ((man << (unsigned)(23 - s)) & 0x7FFFFFu);
-    } else if (e == 0x1Fu) {
-        mag = man == 0u ? 0x7F800000u : (0x7FC00000u | (man << 13));
-    } else {
-        mag = ((e + 112u) << 23) | (man << 13);
-    }
+    unsigned sign = (h & 0x8000u) << 16, em = h & 0x7FFFu, hi = em << 13;
+    float sub = __fmul_rn(__fsub_rn(__uint_as_float(0x4B000000u | em), 8388608.0f), 5.9604644775390625e-8f);
+    unsigned special = em == 0x7C00u ? 0x7F800000u : (0x7FC00000u | hi);
+    unsigned mag = em < 0x400u ? __float_as_uint(sub) : (em >= 0x7C00u ? special : hi + (112u << 23));
     return __uint_as_float(sign | mag);
 }
+
 
 // quant.glsl's QFLOAT with no bias: q (below 2^23) as an exact float.
 __device__ __forceinline__ float qfloat(unsigned q) { return __uint_as_float(0x4B000000u | q) - 8388608.0f; }
