@@ -26,6 +26,11 @@ layout(push_constant) uniform Params {
     uint split3;
     uint out4_off;
     uint wt_off;     // route_f offset of the routing weights (FLAG_COMBINE)
+    // 0x4B000000, the bits of 2^23 (the exponent slice_dot.glsl's byte_float masks quants
+    // under), passed at run time: as a constant, ptxas (sm_90) masks and merges it in two
+    // instructions a weight, from a register in one (the CUDA twin's resident Q4_K gate/up,
+    // bench/probes/q4k_m1.cu: 15% fewer instructions).
+    uint two23;
 } pc;
 
 uint x_row(uint p) {

@@ -41,9 +41,11 @@ layout(set = 0, binding = 1) readonly buffer U4 { uvec4 u4[]; };
 // (m << p below 2^23) minus bias, through the bits of 2^(23 − p) + v — v masked in place
 // into the mantissa under the exponent 23 − p, so no shift — minus 2^(23 − p) + bias.
 // Both are integers below 2^24 and so is their difference: the result is exact, the
-// value quant.glsl's QFLOAT gives with a shift per byte.
+// value quant.glsl's QFLOAT gives with a shift per byte. The exponent bits (150 − p) << 23
+// come from the push constant two23 (matmul_io.glsl), so that the mask and the exponent
+// are one instruction.
 float byte_float(uint n, uint p, uint m, float bias) {
-    precise float f = uintBitsToFloat((n & (m << p)) | ((150u - p) << 23)) - (float(1u << (23u - p)) + bias);
+    precise float f = uintBitsToFloat((n & (m << p)) | (pc.two23 - (p << 23))) - (float(1u << (23u - p)) + bias);
     return f;
 }
 // The four values at bits p0, p0 + 8, p0 + 16 and p0 + 24 of word n (each below m + 1,

@@ -76,23 +76,25 @@ __device__ __forceinline__ float4 k4_scales(uint4 h, unsigned jl, unsigned odd) 
     return odd == 0u ? make_float4(ds, dm, ods, odm) : make_float4(ods, odm, ds, dm);
 }
 
-// slice_dot.glsl's byte_float: the value at bit p of n (below m + 1) as an exact float.
-__device__ __forceinline__ float byte_float(unsigned n, unsigned p, unsigned m) {
-    return __uint_as_float((n & (m << p)) | ((150u - p) << 23)) - (float)(1u << (23u - p));
+// slice_dot.glsl's byte_float: the value at bit p of n (below m + 1) as an exact float,
+// the exponent bits from two23 (0x4B000000) passed at run time, as the shaders' push
+// constant is (a constant costs ptxas a second instruction a weight).
+__device__ __forceinline__ float byte_float(unsigned n, unsigned p, unsigned m, unsigned two23) {
+    return __uint_as_float((n & (m << p)) | (two23 - (p << 23))) - (float)(1u << (23u - p));
 }
 
 // S = Σ q·x of one row slice's group (16 weights, the low (hf 0) or high (hf 1) nibbles of
 // the slice's 16 quant bytes q) against its 16 inputs xv, by fma in order.
-__device__ __forceinline__ float qdot16(const uint4& q, unsigned hf, const float (&xv)[16]) {
+__device__ __forceinline__ float qdot16(const uint4& q, unsigned hf, const float (&xv)[16], unsigned two23) {
     unsigned w[4] = {q.x, q.y, q.z, q.w};
     float s = 0.0f;
 #pragma unroll
     for (int wd = 0; wd < 4; wd++) {
         unsigned n = w[wd], hi = n >> 16, p = 4u * hf;
-        s = fmaf(byte_float(n, p, 0xFu), xv[4 * wd], s);
-        s = fmaf(byte_float(n, p + 8u, 0xFu), xv[4 * wd + 1], s);
-        s = fmaf(byte_float(hi, p, 0xFu), xv[4 * wd + 2], s);
-        s = fmaf(byte_float(hi, p + 8u, 0xFu), xv[4 * wd + 3], s);
+        s = fmaf(byte_float(n, p, 0xFu, two23), xv[4 * wd], s);
+        s = fmaf(byte_float(n, p + 8u, 0xFu, two23), xv[4 * wd + 1], s);
+        s = fmaf(byte_float(hi, p, 0xFu, two23), xv[4 * wd + 2], s);
+        s = fmaf(byte_float(hi, p + 8u, 0xFu, two23), xv[4 * wd + 3], s);
     }
     return s;
 }
@@ -105,10 +107,11 @@ __device__ __forceinline__ float xsum16(const float (&xv)[16]) {
     return xs;
 }
 
-// One group of N row slices (q[a]: gate/up and rows) against the same 16 inputs from x:
-// S per slice, and X.
+// One group of N row slices (q[a]: gate/up and rows) against the same 16 inputs from x
+// (byte_float's exponent bits two23): S per slice, and X.
 template <int N>
-__device__ __forceinline__ void group(const uint4 (&q)[N], unsigned hf, const float4* x, float (&sdot)[N], float& xs) {
+__device__ __forceinline__ void group(const uint4 (&q)[N], unsigned hf, const float4* x, unsigned two23, float (&sdot)[N],
+                                      float& xs) {
     float xv[16];
 #pragma unroll
     for (int c = 0; c < 4; c++) {
@@ -117,17 +120,18 @@ __device__ __forceinline__ void group(const uint4 (&q)[N], unsigned hf, const fl
     }
     xs = xsum16(xv);
 #pragma unroll
-    for (int a = 0; a < N; a++) sdot[a] = qdot16(q[a], hf, xv);
+    for (int a = 0; a < N; a++) sdot[a] = qdot16(q[a], hf, xv, two23);
 }
 
 // The inputs as slice_m1's groups read them: the f32 row itself, S = Σ q·x by fma in
 // order (the Vulkan kernel's form).
 struct FloatX {
     const float* x;
+    unsigned two23;  // 0x4B000000 (byte_float)
     // S of each row slice q[a] over group g (16 elements from e), and X = Σ x.
     template <int N>
     __device__ __forceinline__ void operator()(const uint4 (&q)[N], unsigned g, unsigned e, float (&S)[N], float& xs) const {
-        group<N>(q, g, reinterpret_cast<const float4*>(x + e), S, xs);
+        group<N>(q, g, reinterpret_cast<const float4*>(x + e), two23, S, xs);
     }
     // xreg_m1's resident form: a slice's two groups of inputs (from e0 and e0 + 32) and X.
     struct Regs {
@@ -146,7 +150,9 @@ struct FloatX {
         }
     }
     // S of row slice q over group g, as operator() forms it.
-    __device__ __forceinline__ float dot(const Regs& r, const uint4& q, unsigned g) const { return qdot16(q, g, r.xv[g]); }
+    __device__ __forceinline__ float dot(const Regs& r, const uint4& q, unsigned g) const {
+        return qdot16(q, g, r.xv[g], two23);
+    }
 };
 
 // The m=1 slice kernel over NACC matrices sharing x (1: a matvec, 2: SwiGLU gate/up), RPT
@@ -594,11 +600,11 @@ int main(int argc, char** argv) {
         snprintf(name, sizeof name, "slice %u lanes %d rows: gate/up 8x1536x4096", L, R);
         // Eight of the pool's 48 experts a launch, a different eight each time (past L2).
         report(name, [&](int i) {
-            slice_m1<2, L, R><<<dim3((inter + per - 1) / per, k), WG>>>(g, u, offs + (i % 6) * k, FloatX{x}, out, inter, hid);
+            slice_m1<2, L, R><<<dim3((inter + per - 1) / per, k), WG>>>(g, u, offs + (i % 6) * k, FloatX{x, 0x4B000000u}, out, inter, hid);
         }, bg);
         snprintf(name, sizeof name, "slice %u lanes %d rows: matvec 151936x4096", L, R);
         report(name, [&](int) {
-            slice_m1<1, L, R><<<dim3((lm_rows + per - 1) / per, 1), WG>>>(l, l, zoff, FloatX{x}, out, lm_rows, hid);
+            slice_m1<1, L, R><<<dim3((lm_rows + per - 1) / per, 1), WG>>>(l, l, zoff, FloatX{x, 0x4B000000u}, out, lm_rows, hid);
         }, bm);
     };
     auto mma = [&](auto mt) {
@@ -653,7 +659,7 @@ int main(int argc, char** argv) {
             printf("%s: max |out - f64 reference| %.3g (largest |reference| %.3g)\n", what, worst, scale);
             return 0;
         };
-        slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, FloatX{x}, out, lm_rows, hid);
+        slice_m1<1, 32, 1><<<lm_rows / 4, WG>>>(l, l, zoff, FloatX{x, 0x4B000000u}, out, lm_rows, hid);
         check("slice");
         mma_m1<1><<<(lm_rows + 63) / 64, WG>>>(l, xp, xs, out, lm_rows, hid);
         check("mma 1 tile");
@@ -688,7 +694,7 @@ int main(int argc, char** argv) {
                  [&] { slice_m1<2, 32, 1><<<dim3(inter / 4, k), WG>>>(g, u, offs, in, out, inter, hid); },
                  [&] { xreg_m1<2, 8><<<dim3(inter / 8, k), WG>>>(g, u, offs, in, out, inter, hid); });
         };
-        both("f32", FloatX{x});
+        both("f32", FloatX{x, 0x4B000000u});
         both("limbs", limbs);
     }
     if (pick < 0 || pick == 0) slice(std::integral_constant<U, 32>(), std::integral_constant<I, 1>());
@@ -697,8 +703,8 @@ int main(int argc, char** argv) {
     if (pick < 0 || pick == 3) mma(std::integral_constant<I, 2>());
     if (pick < 0 || pick == 4) idot(std::integral_constant<I, 1>());
     if (pick < 0 || pick == 5) idot(std::integral_constant<I, 2>());
-    if (pick < 0 || pick == 6) xr(std::integral_constant<I, 8>(), FloatX{x}, "f32");
-    if (pick < 0 || pick == 7) xr(std::integral_constant<I, 16>(), FloatX{x}, "f32");
+    if (pick < 0 || pick == 6) xr(std::integral_constant<I, 8>(), FloatX{x, 0x4B000000u}, "f32");
+    if (pick < 0 || pick == 7) xr(std::integral_constant<I, 16>(), FloatX{x, 0x4B000000u}, "f32");
     if (pick < 0 || pick == 8) xr(std::integral_constant<I, 16>(), limbs, "limbs");
     CHECK(cudaGetLastError());
     return 0;

@@ -75,7 +75,9 @@ pub struct MatmulArgs {
 }
 
 impl MatmulArgs {
-    fn words(&self) -> [u32; 20] {
+    /// The push constants (`Params` in `shaders/matmul_io.glsl`): the arguments, then the
+    /// bits of 2^23, which the slice kernels' quant decoding reads at run time.
+    fn words(&self) -> [u32; 21] {
         let [s1, s2, s3] = self.stack.map(|(row, out)| if row == 0 { (u32::MAX, 0) } else { (row, out) });
         [
             self.rows,
@@ -98,6 +100,7 @@ impl MatmulArgs {
             s3.0,
             s3.1,
             self.wt_off,
+            0x4B00_0000,
         ]
     }
 
