@@ -739,6 +739,18 @@ fn each_dequantised_weight_is_bitwise_the_cpus() {
     }
 }
 
+/// The embedding lookup's arguments: `m` tokens' rows of a `vocab × cols` table bound
+/// whole, written one after another from activation offset 0.
+fn lookup_args(vocab: usize, cols: usize, m: usize) -> MatmulArgs {
+    MatmulArgs {
+        rows: vocab as u32,
+        cols: cols as u32,
+        m: m as u32,
+        out_stride: cols as u32,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn device_embedding_rows_are_bitwise_the_cpus() {
     let Some(ctx) = vulkan::context() else { return };
@@ -754,13 +766,7 @@ fn device_embedding_rows_are_bitwise_the_cpus() {
             let ids: Vec<u32> = [5, 0, vocab - 1, 4, 5, 2, 6].map(|i| i as u32 % vocab as u32).to_vec();
             let m = ids.len();
             h.write_route(&ids).unwrap();
-            let whole = MatmulArgs {
-                rows: vocab as u32,
-                cols: cols as u32,
-                m: m as u32,
-                out_stride: cols as u32,
-                ..Default::default()
-            };
+            let whole = lookup_args(vocab, cols, m);
             // The whole table bound, then rows 4..7 as a range of a larger table is bound
             // (binding at row 4): only tokens with ids there are written.
             let unit = weight_unit(dtype);
@@ -804,14 +810,7 @@ fn every_f16_bit_pattern_widens_bitwise_as_the_cpu() {
     let w = h.weight(&mat.view(), false).unwrap();
     let ids: Vec<u32> = (0..rows as u32).collect();
     h.write_route(&ids).unwrap();
-    let a = MatmulArgs {
-        rows: rows as u32,
-        cols: cols as u32,
-        m: rows as u32,
-        out_stride: cols as u32,
-        ..Default::default()
-    };
-    h.run(|r| r.embed(DType::F16, w.set(), a), 1).unwrap();
+    h.run(|r| r.embed(DType::F16, w.set(), lookup_args(rows, cols, rows)), 1).unwrap();
     let got = bits(&h.read_act(0, rows * cols).unwrap());
     for r in 0..rows {
         for (c, want) in bits(&mat.row_f32(r)).into_iter().enumerate() {
