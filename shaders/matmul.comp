@@ -182,15 +182,10 @@ void main() {
     // FLAG_COMBINE: the workgroup's lane groups share its rows, one table entry each.
     bool comb = TB == 1 && (pc.flags & FLAG_COMBINE) != 0u;
     uint rowb = comb ? gl_WorkGroupID.x * RPT : (gl_WorkGroupID.x * (WG_SIZE / LANES) + grp) * RPT;
-    uint delta = 0u;
-    uint p0 = 0u;
-    uint n = pc.m;
-    if ((pc.flags & FLAG_TABLE) != 0u) {
-        uint te = pc.tab_off + 3u * (comb ? grp : gl_WorkGroupID.y);
-        delta = route_u[te] / UNIT_BYTES;
-        p0 = route_u[te + 1u];
-        n = route_u[te + 2u];
-    }
+    uvec3 entry = table_entry(comb ? grp : gl_WorkGroupID.y);
+    uint delta = entry.x / UNIT_BYTES;
+    uint p0 = entry.y;
+    uint n = entry.z;
     uint wo = pc.w_off + delta;
     uint uo = pc.w2_off + delta;
     uint nch = pc.cols / CHUNK;

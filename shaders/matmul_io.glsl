@@ -1,6 +1,6 @@
 // The matmul kernels' push constants and where a product's rows go (matmul.comp and
-// matvec_resident.comp): token p's input row, its output row, a row's place in a
-// stack of matrices that share the input, and the store of a result.
+// matvec_resident.comp): an expert-table entry, token p's input row, its output row, a
+// row's place in a stack of matrices that share the input, and the store of a result.
 
 layout(push_constant) uniform Params {
     uint rows;       // output rows of this dispatch
@@ -32,6 +32,16 @@ layout(push_constant) uniform Params {
     // bench/probes/q4k_m1.cu: 15% fewer instructions).
     uint two23;
 } pc;
+
+// Expert-table entry j (FLAG_TABLE: route_u[tab_off + 3j ..]): its weight byte offset,
+// first pair and pair count; without the flag (0, 0, m).
+uvec3 table_entry(uint j) {
+    if ((pc.flags & FLAG_TABLE) == 0u) {
+        return uvec3(0u, 0u, pc.m);
+    }
+    uint te = pc.tab_off + 3u * j;
+    return uvec3(route_u[te], route_u[te + 1u], route_u[te + 2u]);
+}
 
 uint x_row(uint p) {
     return (pc.flags & FLAG_GATHER) != 0u ? route_u[pc.map_off + p] / pc.map_div : p;

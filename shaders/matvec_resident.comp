@@ -60,15 +60,10 @@ void main() {
     uint stream = f / ns;
     uint s = f % ns;
     uint lane = f; // k4_scales' twin: lane & 1 is s & 1 (ns is even)
-    uint delta = 0u;
-    uint p0 = 0u;
-    uint n = pc.m;
-    if ((pc.flags & FLAG_TABLE) != 0u) {
-        uint te = pc.tab_off + 3u * gl_WorkGroupID.y;
-        delta = route_u[te] / UNIT_BYTES;
-        p0 = route_u[te + 1u];
-        n = route_u[te + 2u];
-    }
+    uvec3 entry = table_entry(gl_WorkGroupID.y);
+    uint delta = entry.x / UNIT_BYTES;
+    uint p0 = entry.y;
+    uint n = entry.z;
     uint wo = pc.w_off + delta;
     uint uo = pc.w2_off + delta;
     bool vec16 = wo % 16u == 0u && uo % 16u == 0u;
@@ -76,22 +71,16 @@ void main() {
     uint rowb = gl_WorkGroupID.x * ROWS;
     SLICE_AT
     for (uint t0 = 0u; t0 < n; t0++) {
-        // The slice's inputs of group g in xv[g], and (K4) their sums X as
-        // slice_dot.glsl's SLICE_TOKEN forms them.
+        // The slice's inputs of group g in xq[g], and (K4) their sums X, as slice_dot.glsl's
+        // SLICE_TOKEN forms them.
         uint xb = pc.x_off + x_row(p0 + t0) * pc.x_stride;
-        float xv[2][16];
+        vec4 xq[2][4];
         float xsum[2];
 #define X_GROUP                                                                          \
     {                                                                                    \
-        uint e = xb + e0 + GROUP_E(g);                                                   \
-        vec4 xq[4];                                                                      \
-        if (xvec) {                                                                      \
-            FOR4(c, xq[c] = act4[(e >> 2) + c];)                                         \
-        } else {                                                                         \
-            FOR4(c, FOR4(b, xq[c][b] = ACT(e + 4u * c + b);))                            \
-        }                                                                                \
-        FOR4(c, FOR4(b, xv[g][4u * c + b] = xq[c][b];))                                  \
-        XS(precise float x = 0.0; FOR16(i, x = x + xv[g][i];) xsum[g] = x;)              \
+        GROUP_INPUTS(xb + e0 + GROUP_E(g), xq[g])                                        \
+        GROUP_XSUM(xq[g], x)                                                             \
+        XS(xsum[g] = x;)                                                                 \
     }
         FOR_G(X_GROUP)
         // Streams past the last (WG_SIZE not a multiple of ns) take no rows.
@@ -105,8 +94,7 @@ void main() {
     {                                                                                    \
         float qf[16];                                                                    \
         GROUP_QUANTS(k, g, qf);                                                          \
-        precise float sdot = 0.0;                                                        \
-        FOR16(i, sdot = fma(qf[i], xv[g][i], sdot);)                                     \
+        GROUP_DOT(qf, xq[g], sdot)                                                       \
         XS(float xs = xsum[g];)                                                          \
         precise float term = GROUP_TERM(k, g);                                           \
         PART(r, k, g, s) = term;                                                         \

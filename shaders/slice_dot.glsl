@@ -236,21 +236,30 @@ void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
     if (r < RPT) {                                                                        \
         GROUP_QUANTS(r * NACC + k, g, qf[r * NACC + k]);                                  \
     }
+// A group's 16 inputs from act offset `at` into xq[0..3] (vec4 loads where `xvec`).
+#define GROUP_INPUTS(at, xq)                                                              \
+    if (xvec) {                                                                           \
+        FOR4(c, xq[c] = act4[((at) >> 2) + c];)                                           \
+    } else {                                                                              \
+        FOR4(c, FOR4(b, xq[c][b] = ACT((at) + 4u * c + b);))                              \
+    }
+// K4: X = x_0 + ... + x_15 of inputs xq, in order, from 0, as `precise float xs`.
+#define GROUP_XSUM(xq, xs) XS(precise float xs = 0.0; FOR4(c, FOR4(b, xs = xs + xq[c][b];)))
+// S = q_0·x_0 + ... + q_15·x_15 of quants qf and inputs xq, one fma each, in order, from
+// 0, as `precise float sdot`.
+#define GROUP_DOT(qf, xq, sdot)                                                           \
+    precise float sdot = 0.0;                                                             \
+    FOR4(c, FOR4(b, sdot = fma(qf[4u * c + b], xq[c][b], sdot);))
 // Token i's 16 inputs of the group (K4: and their sum X), then S and the term of every
 // row.
 #define SLICE_TOKEN                                                                       \
     vec4 xq[4];                                                                           \
-    if (xvec) {                                                                           \
-        FOR4(c, xq[c] = act4[((xb[i] + e) >> 2) + c];)                                    \
-    } else {                                                                              \
-        FOR4(c, FOR4(b, xq[c][b] = ACT(xb[i] + e + 4u * c + b);))                         \
-    }                                                                                     \
-    XS(precise float xs = 0.0; FOR4(c, FOR4(b, xs = xs + xq[c][b];)))                     \
+    GROUP_INPUTS(xb[i] + e, xq)                                                           \
+    GROUP_XSUM(xq, xs)                                                                    \
     FOR_R(FOR_K(SLICE_TERM))
 #define SLICE_TERM                                                                        \
     if (r < RPT) {                                                                        \
-        precise float sdot = 0.0;                                                         \
-        FOR4(c, FOR4(b, sdot = fma(qf[r * NACC + k][4u * c + b], xq[c][b], sdot);))       \
+        GROUP_DOT(qf[r * NACC + k], xq, sdot)                                             \
         precise float term = GROUP_TERM(r * NACC + k, g);                                 \
         acc[ACC(k, r, i)] = acc[ACC(k, r, i)] + term;                                     \
     }

@@ -99,6 +99,15 @@ __device__ __forceinline__ float qdot16(const uint4& q, unsigned hf, const float
     return s;
 }
 
+// 16 inputs from x into xv.
+__device__ __forceinline__ void load16(const float4* x, float (&xv)[16]) {
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        float4 v = x[c];
+        xv[4 * c] = v.x, xv[4 * c + 1] = v.y, xv[4 * c + 2] = v.z, xv[4 * c + 3] = v.w;
+    }
+}
+
 // X = Σ x of 16 inputs, in order.
 __device__ __forceinline__ float xsum16(const float (&xv)[16]) {
     float xs = 0.0f;
@@ -113,11 +122,7 @@ template <int N>
 __device__ __forceinline__ void group(const uint4 (&q)[N], unsigned hf, const float4* x, unsigned two23, float (&sdot)[N],
                                       float& xs) {
     float xv[16];
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        float4 v = x[c];
-        xv[4 * c] = v.x, xv[4 * c + 1] = v.y, xv[4 * c + 2] = v.z, xv[4 * c + 3] = v.w;
-    }
+    load16(x, xv);
     xs = xsum16(xv);
 #pragma unroll
     for (int a = 0; a < N; a++) sdot[a] = qdot16(q[a], hf, xv, two23);
@@ -140,12 +145,7 @@ struct FloatX {
     __device__ __forceinline__ void load(Regs& r, unsigned e0) const {
 #pragma unroll
         for (int g = 0; g < 2; g++) {
-            const float4* xp = reinterpret_cast<const float4*>(x + e0 + 32u * g);
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                float4 v = xp[c];
-                r.xv[g][4 * c] = v.x, r.xv[g][4 * c + 1] = v.y, r.xv[g][4 * c + 2] = v.z, r.xv[g][4 * c + 3] = v.w;
-            }
+            load16(reinterpret_cast<const float4*>(x + e0 + 32u * g), r.xv[g]);
             r.xs[g] = xsum16(r.xv[g]);
         }
     }
