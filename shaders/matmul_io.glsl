@@ -1,6 +1,6 @@
-// The matmul kernels' push constants and where a product's rows go (matmul.comp and
-// matvec_resident.comp): an expert-table entry, token p's input row, its output row, a
-// row's place in a stack of matrices that share the input, and the store of a result.
+// The matmul kernels' push constants and where a product's rows go (matmul.comp): an
+// expert-table entry, token p's input row, its output row, a row's place in a stack of
+// matrices that share the input, and the store of a result.
 
 layout(push_constant) uniform Params {
     uint rows;       // output rows of this dispatch
@@ -28,8 +28,8 @@ layout(push_constant) uniform Params {
     uint wt_off;     // route_f offset of the routing weights (FLAG_COMBINE)
     // 0x4B000000, the bits of 2^23 (the exponent slice_dot.glsl's byte_float masks quants
     // under), passed at run time: as a constant, ptxas (sm_90) masks and merges it in two
-    // instructions a weight, from a register in one (the CUDA twin's resident Q4_K gate/up,
-    // bench/probes/q4k_m1.cu: 15% fewer instructions).
+    // instructions a weight, from a register in one (the CUDA twin's
+    // register-resident Q4_K gate/up, bench/probes/q4k_m1.cu: 15% fewer instructions).
     uint two23;
 } pc;
 

@@ -520,7 +520,7 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let mut rng = ChaCha8Rng::seed_from_u64(15);
     let tunings =
         [(1, 1, 4), (2, 2, 1), (4, 2, 3), (3, 8, 2), (2, 5, 4)].map(|(rows_m1, unroll, rows_down)| {
-            MatmulTuning { lanes: 32, rows_m1, unroll, unroll_dense: 9 - unroll, rows_down, rows_resident: 0 }
+            MatmulTuning { lanes: 32, rows_m1, unroll, unroll_dense: 9 - unroll, rows_down }
         });
     let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2)];
     // One type of each family of loads and dequantisation.
@@ -574,129 +574,6 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
         match &first {
             None => first = Some(outs),
             Some(f) => assert!(f == &outs, "tuning {t:?} changed results"),
-        }
-    }
-}
-
-#[test]
-fn input_resident_kernels_give_the_m1_kernels_bytes() {
-    let Some(ctx) = vulkan::context() else { return };
-    let mut rng = ChaCha8Rng::seed_from_u64(17);
-    let (act, route) = (1 << 20, 4096);
-    let tuned = |rows_resident| {
-        let t = MatmulTuning { rows_resident, ..MatmulTuning::DEFAULT };
-        KernelHarness::with_tuning(ctx.clone(), act, route, t).unwrap()
-    };
-    // The default (matmul.comp's m=1 kernels) first, then workgroups of 12 and 5 rows.
-    let harnesses = [tuned(0), tuned(12), tuned(5)];
-    // Rows of 8, 24, 64 and 128 slices: many streams a workgroup, streams with idle
-    // invocations after them, two, one; 256 slices take matmul.comp's kernel.
-    for &(rows, cols) in &[(37usize, 256usize), (130, 768), (40, 2048), (19, 4096), (9, 8192)] {
-        for dt in [DType::Q4K, DType::Q5K, DType::Q6K] {
-            let (g, u) = (Mat::random(&mut rng, dt, rows, cols), Mat::random(&mut rng, dt, rows, cols));
-            let x = rand_vec(&mut rng, 2 * cols + 1);
-            let init = rand_vec(&mut rng, 2 * rows);
-            let mut outs: Vec<Vec<Vec<u32>>> = Vec::new();
-            for (i, h) in harnesses.iter().enumerate() {
-                let module = h.module_for(Projection::GateUp, dt, false, rows as u32, cols as u32).unwrap();
-                let resident = i > 0 && cols <= 4096;
-                assert_eq!(module.contains("resident"), resident, "{dt} {rows}x{cols}: gate/up ran {module}");
-                h.write_act(0, &x).unwrap();
-                let gw = h.weight(&g.view(), false).unwrap();
-                let uw = h.weight(&u.view(), false).unwrap();
-                let pair = h.pair(&gw, &uw).unwrap();
-                let mut got = Vec::new();
-                // Aligned and misaligned inputs, stored and accumulated outputs, two
-                // tokens one after the other.
-                for (x_off, m, flags) in [(0u32, 1u32, 0u32), (1, 1, FLAG_ACCUMULATE), (0, 2, 0)] {
-                    let a = MatmulArgs {
-                        m,
-                        x_off,
-                        x_stride: cols as u32,
-                        out_off: 300_000,
-                        out_stride: rows as u32,
-                        flags,
-                        ..Default::default()
-                    };
-                    h.write_act(300_000, &init).unwrap();
-                    h.matmul(&gw, a, false, 1).unwrap();
-                    got.push(bits(&h.read_act(300_000, 2 * rows).unwrap()));
-                    h.write_act(300_000, &init).unwrap();
-                    h.gate_up(&gw, &pair, a, false, 1).unwrap();
-                    got.push(bits(&h.read_act(300_000, 2 * rows).unwrap()));
-                }
-                outs.push(got);
-            }
-            for (t, o) in outs.iter().enumerate().skip(1) {
-                let differ = o.iter().zip(&outs[0]).position(|(a, b)| a != b);
-                assert_eq!(
-                    differ, None,
-                    "{dt} {rows}x{cols}, harness {t}: product differs from the m=1 kernel's"
-                );
-            }
-        }
-    }
-    // The m=1 expert dispatch: a table of entries with one, none and two pairs, gathered
-    // inputs, scattered and accumulated down projections.
-    let segs = [(0u32, 1u32), (1, 0), (1, 2)];
-    let (pairs, tokens, tab, inter, hidden) = (3usize, 5usize, 1024usize, 768usize, 2048usize);
-    for kinds in [[DType::Q4K, DType::Q6K], [DType::Q5K, DType::Q5K], [DType::Q6K, DType::Q4K]] {
-        let b = Blobs::random(&mut rng, segs.len(), kinds, inter, hidden);
-        let xs = rand_vec(&mut rng, tokens * hidden);
-        let ys = rand_vec(&mut rng, pairs * inter);
-        let init = rand_vec(&mut rng, tokens * hidden);
-        let mut outs = Vec::new();
-        for h in &harnesses {
-            let (down_set, pair) = h.blobs(bytemuck::cast_slice(&b.words), false).unwrap();
-            let [ug, ud] = kinds.map(weight_unit);
-            h.write_act(0, &xs).unwrap();
-            h.write_act(100_000, &ys).unwrap();
-            h.write_act(600_000, &init).unwrap();
-            write_table(h, &[4, 1, 3], tab, b.stride, &segs);
-            let gate_up = MatmulArgs {
-                rows: inter as u32,
-                cols: hidden as u32,
-                w_off: (b.parts[0] / ug) as u32,
-                w2_off: (b.parts[1] / ug) as u32,
-                x_stride: hidden as u32,
-                out_off: 300_000,
-                out_stride: inter as u32,
-                map_div: 1,
-                flags: FLAG_GATHER | FLAG_TABLE,
-                tab_off: tab as u32,
-                groups: segs.len() as u32,
-                ..Default::default()
-            };
-            let down = MatmulArgs {
-                rows: hidden as u32,
-                cols: inter as u32,
-                w_off: (b.parts[2] / ud) as u32,
-                x_off: 100_000,
-                x_stride: inter as u32,
-                out_off: 600_000,
-                out_stride: hidden as u32,
-                flags: FLAG_SCATTER | FLAG_ACCUMULATE | FLAG_TABLE,
-                ..gate_up
-            };
-            h.run(
-                |r| {
-                    r.matmul(Projection::GateUp, kinds[0], false, pair.clone(), gate_up)?;
-                    r.matmul(Projection::Down, kinds[1], false, down_set.clone(), down)
-                },
-                1,
-            )
-            .unwrap();
-            outs.push([
-                bits(&h.read_act(300_000, pairs * inter).unwrap()),
-                bits(&h.read_act(600_000, tokens * hidden).unwrap()),
-            ]);
-        }
-        for (t, o) in outs.iter().enumerate().skip(1) {
-            assert!(o[0] == outs[0][0], "{kinds:?} harness {t}: table gate/up differs from the m=1 kernel's");
-            assert!(
-                o[1] == outs[0][1],
-                "{kinds:?} harness {t}: table down projection differs from the m=1 kernel's"
-            );
         }
     }
 }

@@ -39,18 +39,14 @@ fn checked_in_spirv_matches_the_glsl_sources() {
 }
 
 /// The matmul modules of `shaders/spv` (every module `shaders.txt` builds from
-/// `matmul.comp` or `matvec_resident.comp`: each weight type's m=1, batched, gate/up and
-/// embedding kernels, and the slice formats' input-resident ones): name and
+/// `matmul.comp`: each weight type's m=1, batched, gate/up and embedding kernels): name and
 /// instructions, each instruction as its words (the first holds the opcode in its low 16
 /// bits).
 fn matmul_modules() -> Vec<(String, Vec<Vec<u32>>)> {
     let modules = modules(&["matvec", "matmul", "gate_up", "embed"]);
     let spv = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders/spv");
     let list = std::fs::read_to_string(spv.with_file_name("shaders.txt")).unwrap();
-    let listed = list
-        .lines()
-        .filter(|l| matches!(l.split_whitespace().nth(1), Some("matmul.comp" | "matvec_resident.comp")))
-        .count();
+    let listed = list.lines().filter(|l| l.split_whitespace().nth(1) == Some("matmul.comp")).count();
     assert_eq!(modules.len(), listed);
     assert!(listed >= 32, "f32, bf16, f16 and five block formats, 4 kernels each");
     modules

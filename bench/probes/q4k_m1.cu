@@ -14,9 +14,9 @@
 // (d·sc)·S − (dmin·m)·X) and tree as the Vulkan kernel; RPT rows per lane group share each
 // load of x; its groups' sums come from the f32 inputs (FloatX) or from integer dot
 // products on 24-bit limbs of x (LimbX). xreg_m1: slice_m1's bytes with x held in
-// registers across rows (shaders/matvec_resident.comp's split; main checks the bytes).
-// mma_m1: the same sums on the tensor cores. main
-// checks each against an f64 reference and times, median of 7 ~30 ms runs after a 300 ms
+// registers across rows (the split of the Vulkan input-resident kernel that session 26
+// measured and removed, bench/README.md; main checks the bytes). mma_m1: the same sums on
+// the tensor cores. main checks each against an f64 reference and times, median of 7 ~30 ms runs after a 300 ms
 // warm-up, in µs and GB/s of quantised bytes against 4.8 TB/s: the 8-expert gate/up of
 // the 235B shape (1536 × 4096 each, a different eight of 48 each launch, past L2) and a
 // 151936 × 4096 LM head.

@@ -164,7 +164,7 @@ impl VulkanBackend {
         let fused = if nb == 1 { routes.combine_kernel(&kernels, layout.down.dtype, k)? } else { None };
         let (g0, d0) = self.expert_args(&layout);
         let groups = |p: Projection, dtype, a: &MatmulArgs| -> Result<u32, VulkanError> {
-            Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false, a.rows, a.cols).rows_per_wg()))
+            Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false, a.rows).rows_per_wg()))
         };
         let (gu_groups, down_groups) = (
             groups(Projection::GateUp, layout.gate.dtype, &g0)?,

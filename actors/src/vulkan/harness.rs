@@ -285,19 +285,6 @@ impl KernelHarness {
         Ok(got)
     }
 
-    /// The SPIR-V module that computes a `p` product of `dtype` weights (`batched` or
-    /// m=1) over `rows` rows of `cols` columns: which of a type's kernels a test ran.
-    pub fn module_for(
-        &self,
-        p: Projection,
-        dtype: DType,
-        batched: bool,
-        rows: u32,
-        cols: u32,
-    ) -> Result<String, VulkanError> {
-        Ok(p.kernel(self.kernels.typed(dtype)?, batched, rows, cols).module.clone())
-    }
-
     /// The fused gate/up + SiLU kernel over `gate`/`up` (bound by [`KernelHarness::pair`]).
     pub fn gate_up(
         &self,

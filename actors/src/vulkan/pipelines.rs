@@ -55,11 +55,6 @@ pub struct MatmulTuning {
     /// (the expert intermediate size), so more of them per workgroup keep a token's
     /// experts in one wave of workgroups.
     pub rows_down: u32,
-    /// Rows per workgroup of the input-resident m=1 kernels of the slice formats (Q4_K,
-    /// Q5_K, Q6_K; `shaders/matvec_resident.comp`), which hold each invocation's inputs in
-    /// registers across rows instead of reading them again for every row (the same bytes);
-    /// 0 keeps matmul.comp's m=1 kernels for every product (0..=16).
-    pub rows_resident: u32,
 }
 
 impl MatmulTuning {
@@ -75,7 +70,7 @@ impl MatmulTuning {
     /// chunks no faster), where two everywhere had been level
     /// (`bench/results/gpu-decode-unroll-prefetch-h200-2026-12-02.txt`).
     pub const DEFAULT: MatmulTuning =
-        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4, rows_resident: 0 };
+        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4 };
 }
 
 impl Default for MatmulTuning {
@@ -113,16 +108,6 @@ pub enum Spec {
         /// Invocations per workgroup.
         wg: u32,
     },
-    /// An input-resident m=1 kernel (`shaders/matvec_resident.comp`): rows per
-    /// workgroup, the order's lanes per row, invocations per workgroup.
-    Resident {
-        /// Rows per workgroup.
-        rows: u32,
-        /// Lanes per row of the summation order (matmul.comp's).
-        lanes: u32,
-        /// Invocations per workgroup: at most one slice each of a row.
-        wg: u32,
-    },
     /// The split attention kernel's shape (`shaders/attention.comp`'s `HD`, `GQ`, `SR`,
     /// `PR`; [`super::attention::AttentionKernels::split_for`]).
     Attention([u32; 4]),
@@ -133,7 +118,6 @@ impl Spec {
     pub fn constants(&self) -> [u32; 4] {
         match *self {
             Spec::Matmul { rows, unroll, lanes, wg } => [rows, unroll, lanes, wg],
-            Spec::Resident { rows, lanes, wg } => [rows, 0, lanes, wg],
             Spec::Attention(c) => c,
         }
     }
@@ -145,7 +129,6 @@ impl Kernel {
     pub fn rows_per_wg(&self) -> u32 {
         match self.spec {
             Some(Spec::Matmul { rows, lanes, wg, .. }) => wg / lanes * rows,
-            Some(Spec::Resident { rows, .. }) => rows,
             _ => 1,
         }
     }
@@ -154,7 +137,7 @@ impl Kernel {
     /// others.
     pub fn rows_per_lane_group(&self) -> u32 {
         match self.spec {
-            Some(Spec::Matmul { rows, .. } | Spec::Resident { rows, .. }) => rows,
+            Some(Spec::Matmul { rows, .. }) => rows,
             _ => 1,
         }
     }
@@ -183,21 +166,9 @@ pub struct TypedKernels {
     /// The m=1 expert down projection: `matvec` with [`MatmulTuning::rows_down`] rows
     /// per lane group (its batched sibling is `matmul`).
     pub down: Kernel,
-    /// The input-resident m=1 matvec (slice formats, with
-    /// [`MatmulTuning::rows_resident`]): `matvec`'s and `down`'s bytes for rows of at most
-    /// [`TypedKernels::RESIDENT_COLS`] columns.
-    pub matvec_resident: Option<Kernel>,
-    /// The input-resident m=1 gate/up, likewise `gate_up`'s bytes.
-    pub gate_up_resident: Option<Kernel>,
     /// The embedding lookup, for the types the host does not widen (every type but f32
     /// and bf16): rows widened or dequantised on the device.
     pub embed: Option<Kernel>,
-}
-
-impl TypedKernels {
-    /// The widest rows the input-resident kernels take: one 32-weight slice per
-    /// invocation of their workgroup.
-    pub const RESIDENT_COLS: u32 = 32 * M1_WG;
 }
 
 /// Every pipeline of the backend.
@@ -308,7 +279,6 @@ impl Kernels {
             || !(1..=4).contains(&t.rows_down)
             || !(1..=8).contains(&t.unroll)
             || !(1..=8).contains(&t.unroll_dense)
-            || t.rows_resident > 16
         {
             return Err(VulkanError::Unsupported(format!("matmul tuning {t:?}")));
         }
@@ -367,27 +337,6 @@ impl Kernels {
         Ok(Some(kernel(&self.device, &self.act_layout, &format!("matvec_{}", dtype.name()), Some(spec))?))
     }
 
-    /// The input-resident m=1 kernel of `dtype` (gate/up or matvec), where the tuning
-    /// asks for them and `dtype` is a slice format.
-    fn resident(&self, dtype: DType, gate_up: bool) -> Result<Option<Kernel>, VulkanError> {
-        let t = self.tuning;
-        if t.rows_resident == 0 || !matches!(dtype, DType::Q4K | DType::Q5K | DType::Q6K) {
-            return Ok(None);
-        }
-        // Workgroup memory: every row's terms (two a slice and product), then its chains.
-        let nacc = if gate_up { 2 } else { 1 };
-        let shared = 4 * t.rows_resident * nacc * (2 * M1_WG + t.lanes);
-        let limit = self.device.physical_device().properties().max_compute_shared_memory_size;
-        if shared > limit {
-            return Err(VulkanError::Unsupported(format!(
-                "matmul tuning {t:?}: the input-resident kernels need {shared} bytes of workgroup memory, the device has {limit}"
-            )));
-        }
-        let name = format!("{}_resident_{}", if gate_up { "gate_up" } else { "matvec" }, dtype.name());
-        let spec = Spec::Resident { rows: t.rows_resident, lanes: t.lanes, wg: M1_WG };
-        Ok(Some(kernel(&self.device, &self.act_layout, &name, Some(spec))?))
-    }
-
     /// The kernels for weights of `dtype` (module suffix: the type's manifest name),
     /// built on the first call for that type.
     pub fn typed(&self, dtype: DType) -> Result<&TypedKernels, VulkanError> {
@@ -412,8 +361,6 @@ impl Kernels {
             gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll, M1_WG)?,
             gate_up_batched: build(format!("gate_up_batched_{ty}"), 1, t.unroll.min(2), WG_SIZE)?,
             down: build(format!("matvec_{ty}"), t.rows_down, t.unroll, M1_WG)?,
-            matvec_resident: self.resident(dtype, false)?,
-            gate_up_resident: self.resident(dtype, true)?,
             embed: match dtype {
                 DType::F32 | DType::Bf16 => None,
                 _ => Some(kernel(&self.device, &self.act_layout, &format!("embed_{ty}"), None)?),

@@ -133,19 +133,8 @@ pub enum Projection {
 pub const WIDE_ROWS: u32 = 32768;
 
 impl Projection {
-    /// The kernel of `t` that computes this product (`batched` or m=1) over `rows` rows
-    /// of `cols` columns: at m=1 the input-resident one where there is one for the rows.
-    pub(super) fn kernel(self, t: &TypedKernels, batched: bool, rows: u32, cols: u32) -> &Kernel {
-        let resident = if batched || cols > TypedKernels::RESIDENT_COLS {
-            None
-        } else if self == Projection::GateUp {
-            t.gate_up_resident.as_ref()
-        } else {
-            t.matvec_resident.as_ref()
-        };
-        if let Some(k) = resident {
-            return k;
-        }
+    /// The kernel of `t` that computes this product (`batched` or m=1) over `rows` rows.
+    pub(super) fn kernel(self, t: &TypedKernels, batched: bool, rows: u32) -> &Kernel {
         match (self, batched) {
             (Projection::Dense, false) if rows >= WIDE_ROWS => &t.matvec_wide,
             (Projection::Dense, false) => &t.matvec,
@@ -297,7 +286,7 @@ impl Recorder {
         if self.discard {
             return Ok(());
         }
-        let k = p.kernel(self.kernels.typed(dtype)?, false, a.rows, a.cols).clone();
+        let k = p.kernel(self.kernels.typed(dtype)?, false, a.rows).clone();
         self.bind(&k, Some(set), a.words())?;
         // SAFETY: as `dispatch`; the table entries and sizes come from `route.comp`, which
         // writes at most k entries per buffer and counts of at most k.
@@ -315,7 +304,7 @@ impl Recorder {
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        let k = p.kernel(self.kernels.typed(dtype)?, batched, a.rows, a.cols).clone();
+        let k = p.kernel(self.kernels.typed(dtype)?, batched, a.rows).clone();
         self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
     }
 

@@ -68,7 +68,7 @@ fn parse_types(args: &[String]) -> Vec<DType> {
 
 /// Tunings given after the device (`args[2..]`, besides weight types), as
 /// [`TUNING_SYNTAX`] writes them (ROWS_DOWN defaults to ROWS, UNROLL_DENSE to the
-/// backend's default, ROWS_RESIDENT to 0); a malformed one ends the program with status 2.
+/// backend's default); a malformed one ends the program with status 2.
 fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
     let dense = MatmulTuning::default().unroll_dense;
     args.iter()
@@ -76,14 +76,13 @@ fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
         .filter(|t| DType::from_name(t).is_none() && !SHAPES.iter().any(|s| s.name == t.as_str()))
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
-            let (lanes, rows_m1, unroll, rows_down, unroll_dense, rows_resident) = match v.as_deref() {
-                Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows, dense, 0),
-                Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down, dense, 0),
-                Ok(&[lanes, rows, unroll, rows_down, u]) => (lanes, rows, unroll, rows_down, u, 0),
-                Ok(&[lanes, rows, unroll, rows_down, u, res]) => (lanes, rows, unroll, rows_down, u, res),
+            let (lanes, rows_m1, unroll, rows_down, unroll_dense) = match v.as_deref() {
+                Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows, dense),
+                Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down, dense),
+                Ok(&[lanes, rows, unroll, rows_down, u]) => (lanes, rows, unroll, rows_down, u),
                 _ => fail(2, format!("tuning `{t}` is not {TUNING_SYNTAX} (numbers)")),
             };
-            MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down, rows_resident }
+            MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down }
         })
         .collect()
 }

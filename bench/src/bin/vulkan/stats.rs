@@ -191,21 +191,17 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             .iter()
             .map(|&d| kernels.typed(d).unwrap_or_else(|e| fail(1, format!("{d} kernels: {e}"))))
             .collect();
-        let typed = |pick: fn(&TypedKernels) -> Option<&Kernel>| {
-            sets.iter().filter_map(|t| pick(t)).collect::<Vec<_>>()
-        };
+        let typed = |pick: fn(&TypedKernels) -> &Kernel| sets.iter().map(|t| pick(t)).collect::<Vec<_>>();
         let all = [
-            ("", typed(|t| Some(&t.matvec))),
-            ("", typed(|t| Some(&t.matmul))),
-            ("", typed(|t| Some(&t.gate_up))),
-            ("", typed(|t| Some(&t.gate_up_batched))),
-            (" as the expert down projection", typed(|t| Some(&t.down))),
-            ("", typed(|t| t.matvec_resident.as_ref())),
-            ("", typed(|t| t.gate_up_resident.as_ref())),
+            ("", typed(|t| &t.matvec)),
+            ("", typed(|t| &t.matmul)),
+            ("", typed(|t| &t.gate_up)),
+            ("", typed(|t| &t.gate_up_batched)),
+            (" as the expert down projection", typed(|t| &t.down)),
         ];
         for (role, kernel) in all.iter().flat_map(|(role, ks)| ks.iter().map(move |k| (role, k))) {
             let name = &kernel.module;
-            let Some(spec @ (Spec::Matmul { .. } | Spec::Resident { .. })) = kernel.spec else {
+            let Some(spec @ Spec::Matmul { .. }) = kernel.spec else {
                 fail(1, format!("{name} has no matmul specialization"))
             };
             let spec = spec.constants();
