@@ -520,9 +520,18 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let mut rng = ChaCha8Rng::seed_from_u64(15);
     let tunings =
         [(1, 1, 4), (2, 2, 1), (4, 2, 3), (3, 8, 2), (2, 5, 4)].map(|(rows_m1, unroll, rows_down)| {
-            MatmulTuning { lanes: 32, rows_m1, unroll, unroll_dense: 9 - unroll, rows_down }
+            MatmulTuning {
+                lanes: 32,
+                rows_m1,
+                unroll,
+                unroll_dense: 9 - unroll,
+                rows_down,
+                rows_wide: rows_m1,
+            }
         });
-    let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2)];
+    // The last shape's rows take the wide matvec (an LM head; rows_wide): its m=1 dense
+    // product alone.
+    let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2), (WIDE_ROWS as usize, 256, 2)];
     // One type of each family of loads and dequantisation.
     let types = [DType::F32, DType::Bf16, DType::F16, DType::Q8_0, DType::Q4K, DType::Q6K];
     let data: Vec<_> = shapes
@@ -546,6 +555,7 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
                 let gw = h.weight(&g.view(), false).unwrap();
                 let uw = h.weight(&u.view(), false).unwrap();
                 let pair = h.pair(&gw, &uw).unwrap();
+                let wide = rows >= WIDE_ROWS as usize;
                 for batched in [false, true] {
                     let a = MatmulArgs {
                         m: if batched { m as u32 } else { 1 },
@@ -557,6 +567,10 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
                     let n = a.m as usize * rows;
                     h.matmul(&gw, a, batched, 1).unwrap();
                     let dense = bits(&h.read_act(300_000, n).unwrap());
+                    if wide {
+                        outs.push(dense);
+                        break;
+                    }
                     // The down projection's own m=1 pipeline (rows_down) gives the matvec's bytes.
                     let da = MatmulArgs { rows: rows as u32, cols: cols as u32, ..a };
                     h.run(|r| r.matmul(Projection::Down, gw.dtype, batched, gw.set(), da), 1).unwrap();

@@ -55,6 +55,10 @@ pub struct MatmulTuning {
     /// (the expert intermediate size), so more of them per workgroup keep a token's
     /// experts in one wave of workgroups.
     pub rows_down: u32,
+    /// Rows per lane group of the wide m=1 matvec (1..=4): matrices of at least
+    /// [`super::record::WIDE_ROWS`] rows, an LM head, where more rows share each load of
+    /// the input.
+    pub rows_wide: u32,
 }
 
 impl MatmulTuning {
@@ -68,9 +72,13 @@ impl MatmulTuning {
     /// the dense m=1 matvec alone made resident greedy decode of the 3-layer bf16 q30
     /// synth 1-4% faster in three runs (means 1,641-1,687 -> 1,703-1,719 tok/s; 4 and 8
     /// chunks no faster), where two everywhere had been level
-    /// (`bench/results/gpu-decode-unroll-prefetch-h200-2026-12-02.txt`).
+    /// (`bench/results/gpu-decode-unroll-prefetch-h200-2026-12-02.txt`). Four rows per
+    /// lane group in the wide matvec took the Q6_K LM head (a Q4_K_M vault's) from
+    /// 139.8-140.6 to 121.1 us at 151936 × 2048 and from 268.3-268.8 to 230.7 us at
+    /// 151936 × 4096, Q4_K and bf16 level or faster (Q4_K 3 rows: 104.8 against 109.1-109.4
+    /// us; `bench/results/gpu-lm-head-rows-h200-2026-12-03.txt`).
     pub const DEFAULT: MatmulTuning =
-        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4 };
+        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4, rows_wide: 4 };
 }
 
 impl Default for MatmulTuning {
@@ -153,7 +161,7 @@ impl Kernel {
 pub struct TypedKernels {
     /// m=1 matrix-vector product.
     pub matvec: Kernel,
-    /// `matvec` with two rows per lane group, for matrices of at least
+    /// `matvec` with [`MatmulTuning::rows_wide`] rows per lane group, for matrices of at least
     /// [`super::record::WIDE_ROWS`] rows (the same bytes: rows per lane group never change
     /// a summation order).
     pub matvec_wide: Kernel,
@@ -277,6 +285,7 @@ impl Kernels {
             || !(2..=64).contains(&t.lanes)
             || !(1..=4).contains(&t.rows_m1)
             || !(1..=4).contains(&t.rows_down)
+            || !(1..=4).contains(&t.rows_wide)
             || !(1..=8).contains(&t.unroll)
             || !(1..=8).contains(&t.unroll_dense)
         {
@@ -356,7 +365,7 @@ impl Kernels {
         // The batched kernels hold 8 tokens' accumulators: one row per lane group.
         let built = TypedKernels {
             matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll_dense, M1_WG)?,
-            matvec_wide: build(format!("matvec_{ty}"), 2, t.unroll, M1_WG)?,
+            matvec_wide: build(format!("matvec_{ty}"), t.rows_wide, t.unroll, M1_WG)?,
             matmul: build(format!("matmul_{ty}"), 1, t.unroll.min(2), WG_SIZE)?,
             gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll, M1_WG)?,
             gate_up_batched: build(format!("gate_up_batched_{ty}"), 1, t.unroll.min(2), WG_SIZE)?,

@@ -90,13 +90,13 @@ pub fn report(what: &str, secs: f64, bytes: f64) {
 /// The tunings `vulkan kernels` compares (the backend's default first).
 pub const TUNINGS: &[MatmulTuning] = &[
     MatmulTuning::DEFAULT,
-    MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 1, rows_down: 1 },
-    MatmulTuning { lanes: 32, rows_m1: 2, unroll: 2, unroll_dense: 2, rows_down: 2 },
-    MatmulTuning { lanes: 32, rows_m1: 2, unroll: 1, unroll_dense: 1, rows_down: 4 },
+    MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 1, rows_down: 1, rows_wide: 2 },
+    MatmulTuning { lanes: 32, rows_m1: 2, unroll: 2, unroll_dense: 2, rows_down: 2, rows_wide: 2 },
+    MatmulTuning { lanes: 32, rows_m1: 2, unroll: 1, unroll_dense: 1, rows_down: 4, rows_wide: 2 },
 ];
 
 /// How the command line writes a tuning.
-pub const TUNING_SYNTAX: &str = "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE]]";
+pub const TUNING_SYNTAX: &str = "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE[,ROWS_WIDE]]]";
 
 /// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
 /// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes

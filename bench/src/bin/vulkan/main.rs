@@ -68,21 +68,22 @@ fn parse_types(args: &[String]) -> Vec<DType> {
 
 /// Tunings given after the device (`args[2..]`, besides weight types), as
 /// [`TUNING_SYNTAX`] writes them (ROWS_DOWN defaults to ROWS, UNROLL_DENSE to the
-/// backend's default); a malformed one ends the program with status 2.
+/// backend's default, ROWS_WIDE to the backend's default); a malformed one ends the program with status 2.
 fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
-    let dense = MatmulTuning::default().unroll_dense;
+    let MatmulTuning { unroll_dense: dense, rows_wide: wide, .. } = MatmulTuning::default();
     args.iter()
         .skip(2)
         .filter(|t| DType::from_name(t).is_none() && !SHAPES.iter().any(|s| s.name == t.as_str()))
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
-            let (lanes, rows_m1, unroll, rows_down, unroll_dense) = match v.as_deref() {
-                Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows, dense),
-                Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down, dense),
-                Ok(&[lanes, rows, unroll, rows_down, u]) => (lanes, rows, unroll, rows_down, u),
+            let (lanes, rows_m1, unroll, rows_down, unroll_dense, rows_wide) = match v.as_deref() {
+                Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows, dense, wide),
+                Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down, dense, wide),
+                Ok(&[lanes, rows, unroll, rows_down, u]) => (lanes, rows, unroll, rows_down, u, wide),
+                Ok(&[lanes, rows, unroll, rows_down, u, w]) => (lanes, rows, unroll, rows_down, u, w),
                 _ => fail(2, format!("tuning `{t}` is not {TUNING_SYNTAX} (numbers)")),
             };
-            MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down }
+            MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down, rows_wide }
         })
         .collect()
 }
