@@ -2,8 +2,9 @@
 # The Vulkan backend on a lent GPU machine (the `device` tool), in two steps.
 #
 #   bench/vulkan_gpu.sh pack DIR   (here) build the test binaries, the `vulkan` bench and
-#                                  the release `smoe-pipeline`, strip them and copy them
-#                                  with the fixtures and this script into DIR
+#                                  the release `smoe-pipeline`, strip and xz them into DIR
+#                                  with this script (~15 MB: the tracked tree and DIR must
+#                                  stay under the device tool's 64 MiB)
 #   bash DIR/vulkan_gpu.sh run [quick]
 #                                  (there) unpack the Vulkan loader from .gl/*.deb (see
 #                                  the device README), run the kernel-identity and
@@ -14,7 +15,8 @@
 #                                  table
 #
 # The test binaries look for fixtures and the binary under the path of the checkout they
-# were built in, so `run` recreates that path.
+# were built in, so `run` recreates that path (the fixtures come from the copy of the
+# checkout the device tool sends).
 set -euo pipefail
 case "${1:-}" in
 pack)
@@ -35,7 +37,7 @@ for l in sys.stdin:
     while read -r name exe; do strip -o "$dir/$name" "$exe"; done
   strip -o "$dir/smoe-pipeline" target/release/smoe-pipeline
   strip -o "$dir/vulkan" target/release/vulkan
-  rm -rf "$dir/fixtures" && cp -r tests/fixtures "$dir/fixtures"
+  rm -f "$dir"/*.xz && xz -T0 "$dir/vulkan_kernels" "$dir/vulkan_forward" "$dir/smoe-pipeline" "$dir/vulkan"
   cp bench/vulkan_gpu.sh "$dir/"
   pwd > "$dir/checkout_path"
   du -sh "$dir"
@@ -43,11 +45,12 @@ for l in sys.stdin:
 run)
   set +e
   G=$(realpath "$(dirname "$0")")
+  for z in "$G"/*.xz; do xz -dc "$z" >"${z%.xz}" && chmod +x "${z%.xz}"; done
   for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
   export XDG_RUNTIME_DIR=/tmp RUST_BACKTRACE=1
   src=$(cat "$G/checkout_path")
   mkdir -p "$src/target/debug" "$src/tests"
-  cp -r "$G/fixtures" "$src/tests/"
+  [ "$(realpath tests)" = "$(realpath -m "$src/tests")" ] || cp -r tests/fixtures "$src/tests/"
   cp "$G/smoe-pipeline" "$src/target/debug/smoe-pipeline"
   if ! "$G/smoe-pipeline" devices >/dev/null 2>&1; then
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
