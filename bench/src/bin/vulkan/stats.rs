@@ -198,6 +198,7 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             ("", typed(|t| &t.gate_up)),
             ("", typed(|t| &t.gate_up_batched)),
             (" as the expert down projection", typed(|t| &t.down)),
+            (" as the wide matvec (an LM head)", typed(|t| &t.matvec_wide)),
         ];
         for (role, kernel) in all.iter().flat_map(|(role, ks)| ks.iter().map(move |k| (role, k))) {
             let name = &kernel.module;
