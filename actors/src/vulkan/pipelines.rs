@@ -75,8 +75,8 @@ impl MatmulTuning {
     /// (`bench/results/gpu-decode-unroll-prefetch-h200-2026-12-02.txt`). Four rows per
     /// lane group in the wide matvec took the Q6_K LM head (a Q4_K_M vault's) from
     /// 139.8-140.6 to 121.1 us at 151936 × 2048 and from 268.3-268.8 to 230.7 us at
-    /// 151936 × 4096, Q4_K and bf16 level or faster (Q4_K 3 rows: 104.8 against 109.1-109.4
-    /// us; `bench/results/gpu-lm-head-rows-h200-2026-12-03.txt`).
+    /// 151936 × 4096, Q8_0 and Q4_0 8-10% faster, Q4_K and bf16 level or faster (Q4_K 3 rows:
+    /// 104.8 against 109.1-109.4 us; `bench/results/gpu-lm-head-rows-h200-2026-12-03.txt`).
     pub const DEFAULT: MatmulTuning =
         MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4, rows_wide: 4 };
 }
