@@ -67,8 +67,8 @@ fn parse_types(args: &[String]) -> Vec<DType> {
 }
 
 /// Tunings given after the device (`args[2..]`, besides weight types), as
-/// [`TUNING_SYNTAX`] writes them (ROWS_DOWN defaults to ROWS, UNROLL_DENSE to the
-/// backend's default, ROWS_WIDE to the backend's default); a malformed one ends the program with status 2.
+/// [`TUNING_SYNTAX`] writes them (ROWS_DOWN defaults to ROWS, UNROLL_DENSE and ROWS_WIDE
+/// to the backend's defaults); a malformed one ends the program with status 2.
 fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
     let MatmulTuning { unroll_dense: dense, rows_wide: wide, .. } = MatmulTuning::default();
     args.iter()
