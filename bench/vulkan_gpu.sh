@@ -25,6 +25,9 @@ pack)
   cargo build --release --bin smoe-pipeline
   cargo build --release -p smoe-bench --bin vulkan
   mkdir -p "$dir"
+  rm -f "$dir"/*.xz
+  # A stripped, xz-compressed copy of binary $2 as $dir/$1.xz.
+  pack_bin() { strip -o "$dir/$1" "$2" && xz -T0 "$dir/$1"; }
   cargo test --no-run --test vulkan_kernels --test vulkan_forward --message-format json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
@@ -34,10 +37,9 @@ for l in sys.stdin:
         continue
     if j.get("reason") == "compiler-artifact" and j.get("executable"):
         print(j["target"]["name"], j["executable"])' |
-    while read -r name exe; do strip -o "$dir/$name" "$exe"; done
-  strip -o "$dir/smoe-pipeline" target/release/smoe-pipeline
-  strip -o "$dir/vulkan" target/release/vulkan
-  rm -f "$dir"/*.xz && xz -T0 "$dir/vulkan_kernels" "$dir/vulkan_forward" "$dir/smoe-pipeline" "$dir/vulkan"
+    while read -r name exe; do pack_bin "$name" "$exe"; done
+  pack_bin smoe-pipeline target/release/smoe-pipeline
+  pack_bin vulkan target/release/vulkan
   cp bench/vulkan_gpu.sh "$dir/"
   pwd > "$dir/checkout_path"
   du -sh "$dir"

@@ -551,11 +551,11 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
         let mut outs = Vec::new();
         for (&(rows, cols, m), (mats, xs)) in shapes.iter().zip(&data) {
             h.write_act(0, xs).unwrap();
+            let wide = rows >= WIDE_ROWS as usize;
             for (g, u) in mats {
                 let gw = h.weight(&g.view(), false).unwrap();
                 let uw = h.weight(&u.view(), false).unwrap();
                 let pair = h.pair(&gw, &uw).unwrap();
-                let wide = rows >= WIDE_ROWS as usize;
                 for batched in [false, true] {
                     let a = MatmulArgs {
                         m: if batched { m as u32 } else { 1 },
