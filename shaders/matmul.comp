@@ -202,7 +202,16 @@ void main() {
     // A combining workgroup makes one pass whatever its entries' counts (an expert the
     // buffer does not hold has count 0, only in a step the host voids), so every lane
     // group meets its barriers.
-    for (uint t0 = 0u; t0 < (comb ? 1u : n); t0 += TB) {
+#if TB == 1
+    uint t_lo = 0u;
+    uint t_hi = comb ? 1u : n;
+#else
+    // Workgroup row y of a token-split product takes its span of the tokens (each
+    // product's order is the same whichever workgroup forms it).
+    uint t_lo = pc.span == 0u ? 0u : gl_WorkGroupID.y * pc.span;
+    uint t_hi = pc.span == 0u ? n : min(n, t_lo + pc.span);
+#endif
+    for (uint t0 = t_lo; t0 < t_hi; t0 += TB) {
         precise float acc[NA];
 #define ZERO acc[a] = 0.0;
         FOR_A(ZERO)

@@ -26,6 +26,9 @@ layout(push_constant) uniform Params {
     uint split3;
     uint out4_off;
     uint wt_off;     // route_f offset of the routing weights (FLAG_COMBINE)
+    // Tokens each workgroup row takes (a token-batched product without FLAG_TABLE; a
+    // multiple of TB): workgroup y takes tokens y·span .. y·span + span − 1; 0: all.
+    uint span;
     // 0x4B000000, the bits of 2^23 (the exponent slice_dot.glsl's byte_float masks quants
     // under), passed at run time: as a constant, ptxas (sm_90) masks and merges it in two
     // instructions a weight, from a register in one (the CUDA twin's

@@ -27,6 +27,9 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (130, 96, 17),
     (1031, 65, 2),
     (40, 2048, 11),
+    // Enough rows that a batched dispatch splits its tokens into spans of two batches of
+    // eight, the last one short (`MatmulArgs::split_tokens`).
+    (4099, 64, 40),
     // Whole blocks of every format; Q8_0, Q4_0 and Q6_K rows of an odd number of blocks
     // start on odd half-words.
     (19, 256, 6),

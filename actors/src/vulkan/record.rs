@@ -72,12 +72,15 @@ pub struct MatmulArgs {
     pub stack: [(u32, u32); 3],
     /// Routing-buffer offset of the routing weights (with [`FLAG_COMBINE`]).
     pub wt_off: u32,
+    /// Tokens one workgroup row of a token-batched product without [`FLAG_TABLE`] takes
+    /// (a multiple of [`BATCH_TOKENS`]; 0: all of them). [`Recorder::matmul`] sets it.
+    pub span: u32,
 }
 
 impl MatmulArgs {
     /// The push constants (`Params` in `shaders/matmul_io.glsl`): the arguments, then the
     /// bits of 2^23, which the slice kernels' quant decoding reads at run time.
-    fn words(&self) -> [u32; 21] {
+    fn words(&self) -> [u32; 22] {
         let [s1, s2, s3] = self.stack.map(|(row, out)| if row == 0 { (u32::MAX, 0) } else { (row, out) });
         [
             self.rows,
@@ -100,6 +103,7 @@ impl MatmulArgs {
             s3.0,
             s3.1,
             self.wt_off,
+            self.span,
             0x4B00_0000,
         ]
     }
@@ -109,10 +113,40 @@ impl MatmulArgs {
             // The lane groups of a workgroup share its rows, one entry each.
             return [self.rows.div_ceil(k.rows_per_lane_group()), 1, 1];
         }
-        let y = if self.flags & FLAG_TABLE != 0 { self.groups } else { 1 };
+        let y = match (self.flags & FLAG_TABLE != 0, self.span) {
+            (true, _) => self.groups,
+            (false, 0) => 1,
+            (false, span) => self.m.div_ceil(span),
+        };
         [self.rows.div_ceil(k.rows_per_wg()), y, 1]
     }
+
+    /// These arguments for kernel `k` over `m` tokens, batched: without [`FLAG_TABLE`]
+    /// the tokens are split over workgroup rows until the dispatch has about
+    /// [`SPLIT_WORKGROUPS`] workgroups. A workgroup loops over its tokens eight at a time
+    /// and reloads the weights for each eight, so the split costs no extra loads beyond
+    /// cache; without it a narrow product (a router's 128 rows: 16 workgroups) left most
+    /// of a GPU idle for a whole prefill chunk.
+    fn split_tokens(mut self, k: &Kernel) -> Self {
+        if self.flags & (FLAG_TABLE | FLAG_COMBINE) == 0 {
+            let batches = self.m.div_ceil(BATCH_TOKENS);
+            let splits =
+                SPLIT_WORKGROUPS.div_ceil(self.rows.div_ceil(k.rows_per_wg())).clamp(1, batches.max(1));
+            self.span = batches.div_ceil(splits) * BATCH_TOKENS;
+        }
+        self
+    }
 }
+
+/// Tokens a token-batched kernel takes per pass (`TB` in `shaders/matmul.comp`).
+pub const BATCH_TOKENS: u32 = 8;
+
+/// Workgroups a token-batched dense product is split to (see [`MatmulArgs::split_tokens`]).
+/// On the H200 a 511-token prefill of the 3-layer q30 synth took 11,250-11,329 tok/s
+/// unsplit, 14,718-14,950 at 512, 15,338-15,515 at 2,048 and 9,458-9,732 at 8,192 (bf16;
+/// Q4_K_M 8,799-8,841 unsplit, 10,353-10,419 at 2,048), ids identical
+/// (`bench/results/gpu-prefill-token-split-h200-2026-12-04.txt`).
+pub const SPLIT_WORKGROUPS: u32 = 2048;
 
 /// Which matmul-family product a dispatch computes; each has an m=1 kernel and a
 /// token-batched sibling with the same summation order.
@@ -305,6 +339,7 @@ impl Recorder {
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
         let k = p.kernel(self.kernels.typed(dtype)?, batched, a.rows).clone();
+        let a = if batched { a.split_tokens(&k) } else { a };
         self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
     }
 
