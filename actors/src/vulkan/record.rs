@@ -139,14 +139,14 @@ impl MatmulArgs {
 }
 
 /// Tokens a token-batched kernel takes per pass (`TB` in `shaders/matmul.comp`).
-pub const BATCH_TOKENS: u32 = 8;
+const BATCH_TOKENS: u32 = 8;
 
 /// Workgroups a token-batched dense product is split to (see [`MatmulArgs::split_tokens`]).
 /// On the H200 a 511-token prefill of the 3-layer q30 synth took 11,250-11,329 tok/s
 /// unsplit, 14,718-14,950 at 512, 15,338-15,515 at 2,048 and 9,458-9,732 at 8,192 (bf16;
 /// Q4_K_M 8,799-8,841 unsplit, 10,353-10,419 at 2,048), ids identical
 /// (`bench/results/gpu-prefill-token-split-h200-2026-12-04.txt`).
-pub const SPLIT_WORKGROUPS: u32 = 2048;
+const SPLIT_WORKGROUPS: u32 = 2048;
 
 /// Which matmul-family product a dispatch computes; each has an m=1 kernel and a
 /// token-batched sibling with the same summation order.
