@@ -56,13 +56,11 @@ layout(constant_id = 2) const uint LANES = 32u;  // lanes per row (power of two 
 
 #define MAX_UNROLL 8u
 #define FOR_V(B) FOR8(v, B) // chunk v < MAX_UNROLL of a lane's batch
+#define MAX_RPT 4u
+#define FOR_R(B) FOR4(r, B) // row r < MAX_RPT of a lane group
 #if TB == 8
-#define MAX_RPT 1u
-#define FOR_R(B) FOR1(r, B) // row r < MAX_RPT of a lane group
 #define FOR_I(B) FOR8(i, B) // token i < TB of a pass
 #elif TB == 1
-#define MAX_RPT 4u
-#define FOR_R(B) FOR4(r, B)
 #define FOR_I(B) FOR1(i, B)
 #else
 #error TB must be 1 or 8
@@ -140,11 +138,13 @@ void unpack(vec4 q, out float v[CHUNK]) {
 #include "slice_dot.glsl"
 #endif
 
-// Accumulator (gate/up k, row r, token i); FOR_A visits every one as a.
+// Accumulator (gate/up k, row r, token i); FOR_A visits every one as a, FOR_KI those of
+// row r as a and ra, their place in one row's round of the shared tree below.
 #define ACC(k, r, i) ((((k) * MAX_RPT) + (r)) * TB + (i))
 #define NA (NACC * MAX_RPT * TB)
 #define FOR_A(B) FOR_K(FOR_R(FOR_I({ const uint a = ACC(k, r, i); B })))
-shared float red[NA * WG_SIZE];
+#define FOR_KI(B) FOR_K(FOR_I({ const uint a = ACC(k, r, i); const uint ra = k * TB + i; B }))
+shared float red[NACC * TB * WG_SIZE];
 
 #ifdef EMBED
 // Embedding lookup: out[t][j] = W[route_u[map_off + t] - x_off][j] for the m tokens whose
@@ -303,23 +303,30 @@ void main() {
 #endif
         // The fixed tree of common.glsl: strides of at least the subgroup size through
         // shared memory, smaller ones by butterfly shuffles (the same sums in lane 0).
+        // The shared strides take one row of the lane group at a time (a row's accumulators
+        // fill red), so red stays the size of one row's whatever the rows per lane group.
         uint s = LANES / 2u;
         if (gl_SubgroupSize < LANES) {
-#define TO_SHARED red[a * WG_SIZE + f] = acc[a];
-            FOR_A(TO_SHARED)
-            barrier();
-            for (; s >= gl_SubgroupSize; s >>= 1u) {
-                if (lane < s) {
+#define TO_SHARED red[ra * WG_SIZE + f] = acc[a];
 #define TREE_SHARED                                                                      \
-    precise float t = red[a * WG_SIZE + f] + red[a * WG_SIZE + f + s];                   \
-    red[a * WG_SIZE + f] = t;
-                    FOR_A(TREE_SHARED)
-                }
-                barrier();
-            }
-#define FROM_SHARED acc[a] = red[a * WG_SIZE + f];
-            FOR_A(FROM_SHARED)
-            barrier();
+    precise float t = red[ra * WG_SIZE + f] + red[ra * WG_SIZE + f + h];                 \
+    red[ra * WG_SIZE + f] = t;
+#define FROM_SHARED acc[a] = red[ra * WG_SIZE + f];
+#define ROW_TREE                                                                         \
+    if (r < RPT) {                                                                       \
+        FOR_KI(TO_SHARED)                                                                \
+        barrier();                                                                       \
+        for (uint h = LANES / 2u; h >= gl_SubgroupSize; h >>= 1u) {                      \
+            if (lane < h) {                                                              \
+                FOR_KI(TREE_SHARED)                                                      \
+            }                                                                            \
+            barrier();                                                                   \
+        }                                                                                \
+        FOR_KI(FROM_SHARED)                                                              \
+        barrier();                                                                       \
+    }
+            FOR_R(ROW_TREE)
+            s = gl_SubgroupSize / 2u;
         }
         for (; s > 0u; s >>= 1u) {
 #define TREE_SHUFFLE acc[a] = acc[a] + subgroupShuffleXor(acc[a], s);

@@ -521,17 +521,18 @@ fn the_combining_down_projection_is_the_down_projection_then_the_combine() {
 fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let Some(ctx) = vulkan::context() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(15);
-    let tunings =
-        [(1, 1, 4), (2, 2, 1), (4, 2, 3), (3, 8, 2), (2, 5, 4)].map(|(rows_m1, unroll, rows_down)| {
-            MatmulTuning {
-                lanes: 32,
-                rows_m1,
-                unroll,
-                unroll_dense: 9 - unroll,
-                rows_down,
-                rows_wide: rows_m1,
-            }
-        });
+    let tunings = [(1, 1, 4, 1), (2, 2, 1, 2), (4, 2, 3, 3), (3, 8, 2, 4), (2, 5, 4, 1)].map(
+        |(rows_m1, unroll, rows_down, rows_batched)| MatmulTuning {
+            lanes: 32,
+            rows_m1,
+            unroll,
+            unroll_dense: 9 - unroll,
+            rows_down,
+            rows_wide: rows_m1,
+            rows_batched,
+            rows_batched_blocks: 5 - rows_batched,
+        },
+    );
     // The last shape's rows take the wide matvec (an LM head; rows_wide): its m=1 dense
     // product alone.
     let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2), (WIDE_ROWS as usize, 256, 2)];

@@ -59,6 +59,13 @@ pub struct MatmulTuning {
     /// [`super::record::WIDE_ROWS`] rows, an LM head, where more rows share each load of
     /// the input.
     pub rows_wide: u32,
+    /// Rows per lane group of the token-batched kernels for float weights (1..=4;
+    /// prefill's dense and expert products): each lane's load of 8 tokens' inputs serves
+    /// this many rows.
+    pub rows_batched: u32,
+    /// The same for weights in ggml block formats (1..=4), whose dequantisation holds more
+    /// registers per row.
+    pub rows_batched_blocks: u32,
 }
 
 impl MatmulTuning {
@@ -77,8 +84,21 @@ impl MatmulTuning {
     /// 139.8-140.6 to 121.1 us at 151936 × 2048 and from 268.3-268.8 to 230.7 us at
     /// 151936 × 4096, Q8_0 and Q4_0 8-10% faster, Q4_K and bf16 level or faster (Q4_K 3 rows:
     /// 104.8 against 109.1-109.4 us; `bench/results/gpu-lm-head-rows-h200-2026-12-03.txt`).
-    pub const DEFAULT: MatmulTuning =
-        MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 2, rows_down: 4, rows_wide: 4 };
+    /// Rows per lane group in the batched kernels took the H200's 511-token resident
+    /// prefill of the 3-layer q30 synth from 15,666-15,790 tok/s at 1 row to 18,786-19,188
+    /// at 2, 19,802-20,427 at 3 and 16,402-16,717 at 4 (bf16), and its Q4_K_M twin from
+    /// 10,472-10,500 to 13,930-14,582 at 2 and ~13,500 at 3 and 4, ids identical
+    /// (`bench/results/gpu-prefill-batched-rows-h200-2026-12-04.txt`).
+    pub const DEFAULT: MatmulTuning = MatmulTuning {
+        lanes: 32,
+        rows_m1: 1,
+        unroll: 1,
+        unroll_dense: 2,
+        rows_down: 4,
+        rows_wide: 4,
+        rows_batched: 3,
+        rows_batched_blocks: 2,
+    };
 }
 
 impl Default for MatmulTuning {
@@ -286,6 +306,8 @@ impl Kernels {
             || !(1..=4).contains(&t.rows_m1)
             || !(1..=4).contains(&t.rows_down)
             || !(1..=4).contains(&t.rows_wide)
+            || !(1..=4).contains(&t.rows_batched)
+            || !(1..=4).contains(&t.rows_batched_blocks)
             || !(1..=8).contains(&t.unroll)
             || !(1..=8).contains(&t.unroll_dense)
         {
@@ -362,13 +384,13 @@ impl Kernels {
                 Some(Spec::Matmul { rows, unroll, lanes: t.lanes, wg }),
             )
         };
-        // The batched kernels hold 8 tokens' accumulators: one row per lane group.
+        let rows_batched = if dtype.is_block() { t.rows_batched_blocks } else { t.rows_batched };
         let built = TypedKernels {
             matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll_dense, M1_WG)?,
             matvec_wide: build(format!("matvec_{ty}"), t.rows_wide, t.unroll, M1_WG)?,
-            matmul: build(format!("matmul_{ty}"), 1, t.unroll.min(2), WG_SIZE)?,
+            matmul: build(format!("matmul_{ty}"), rows_batched, t.unroll.min(2), WG_SIZE)?,
             gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll, M1_WG)?,
-            gate_up_batched: build(format!("gate_up_batched_{ty}"), 1, t.unroll.min(2), WG_SIZE)?,
+            gate_up_batched: build(format!("gate_up_batched_{ty}"), rows_batched, t.unroll.min(2), WG_SIZE)?,
             down: build(format!("matvec_{ty}"), t.rows_down, t.unroll, M1_WG)?,
             embed: match dtype {
                 DType::F32 | DType::Bf16 => None,

@@ -87,16 +87,28 @@ pub fn report(what: &str, secs: f64, bytes: f64) {
     );
 }
 
-/// The tunings `vulkan kernels` compares (the backend's default first).
-pub const TUNINGS: &[MatmulTuning] = &[
-    MatmulTuning::DEFAULT,
-    MatmulTuning { lanes: 32, rows_m1: 1, unroll: 1, unroll_dense: 1, rows_down: 1, rows_wide: 2 },
-    MatmulTuning { lanes: 32, rows_m1: 2, unroll: 2, unroll_dense: 2, rows_down: 2, rows_wide: 2 },
-    MatmulTuning { lanes: 32, rows_m1: 2, unroll: 1, unroll_dense: 1, rows_down: 4, rows_wide: 2 },
-];
+/// The tunings `vulkan kernels` compares (the backend's default first); the others take
+/// one row per lane group in the batched kernels.
+pub const TUNINGS: &[MatmulTuning] = &[MatmulTuning::DEFAULT, m1(1, 1, 1, 1), m1(2, 2, 2, 2), m1(2, 1, 1, 4)];
+
+/// A tuning of the m=1 kernels: rows, unroll, dense unroll and down rows (32 lanes, 2 rows
+/// in the wide matvec, 1 in the batched kernels).
+const fn m1(rows_m1: u32, unroll: u32, unroll_dense: u32, rows_down: u32) -> MatmulTuning {
+    MatmulTuning {
+        lanes: 32,
+        rows_m1,
+        unroll,
+        unroll_dense,
+        rows_down,
+        rows_wide: 2,
+        rows_batched: 1,
+        rows_batched_blocks: 1,
+    }
+}
 
 /// How the command line writes a tuning.
-pub const TUNING_SYNTAX: &str = "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE[,ROWS_WIDE]]]";
+pub const TUNING_SYNTAX: &str =
+    "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE[,ROWS_WIDE[,ROWS_BATCHED[,ROWS_BATCHED_BLOCKS]]]]]";
 
 /// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
 /// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes

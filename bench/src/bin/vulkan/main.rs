@@ -67,23 +67,30 @@ fn parse_types(args: &[String]) -> Vec<DType> {
 }
 
 /// Tunings given after the device (`args[2..]`, besides weight types), as
-/// [`TUNING_SYNTAX`] writes them (ROWS_DOWN defaults to ROWS, UNROLL_DENSE and ROWS_WIDE
-/// to the backend's defaults); a malformed one ends the program with status 2.
+/// [`TUNING_SYNTAX`] writes them (ROWS_DOWN defaults to ROWS, the fields after it to the
+/// backend's defaults); a malformed one ends the program with status 2.
 fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
-    let MatmulTuning { unroll_dense: dense, rows_wide: wide, .. } = MatmulTuning::default();
+    let d = MatmulTuning::default();
     args.iter()
         .skip(2)
         .filter(|t| DType::from_name(t).is_none() && !SHAPES.iter().any(|s| s.name == t.as_str()))
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
-            let (lanes, rows_m1, unroll, rows_down, unroll_dense, rows_wide) = match v.as_deref() {
-                Ok(&[lanes, rows, unroll]) => (lanes, rows, unroll, rows, dense, wide),
-                Ok(&[lanes, rows, unroll, rows_down]) => (lanes, rows, unroll, rows_down, dense, wide),
-                Ok(&[lanes, rows, unroll, rows_down, u]) => (lanes, rows, unroll, rows_down, u, wide),
-                Ok(&[lanes, rows, unroll, rows_down, u, w]) => (lanes, rows, unroll, rows_down, u, w),
+            let v = match v {
+                Ok(v) if (3..=8).contains(&v.len()) => v,
                 _ => fail(2, format!("tuning `{t}` is not {TUNING_SYNTAX} (numbers)")),
             };
-            MatmulTuning { lanes, rows_m1, unroll, unroll_dense, rows_down, rows_wide }
+            let at = |i: usize, or: u32| v.get(i).copied().unwrap_or(or);
+            MatmulTuning {
+                lanes: v[0],
+                rows_m1: v[1],
+                unroll: v[2],
+                rows_down: at(3, v[1]),
+                unroll_dense: at(4, d.unroll_dense),
+                rows_wide: at(5, d.rows_wide),
+                rows_batched: at(6, d.rows_batched),
+                rows_batched_blocks: at(7, d.rows_batched_blocks),
+            }
         })
         .collect()
 }
