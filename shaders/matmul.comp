@@ -311,7 +311,7 @@ void main() {
         // The fixed tree of common.glsl: strides of at least the subgroup size through
         // shared memory, smaller ones by butterfly shuffles (the same sums in lane 0).
         // The shared strides take one row of the lane group at a time (a row's accumulators
-        // fill red), so red stays the size of one row's whatever the rows per lane group.
+        // fill red), so the batched kernels' red stays one row's size whatever their rows.
         uint s = LANES / 2u;
         if (gl_SubgroupSize < LANES) {
 #define TO_SHARED red[ra * WG_SIZE + f] = acc[a];
