@@ -286,8 +286,8 @@ void main() {
         FOR_Q(MAC)                                                                       \
     }
 #define MAC                                                                              \
-    acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + wv[r][q] * xq[q / 4u][q % 4u];             \
-    GU(acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + uv[r][q] * xq[q / 4u][q % 4u];)
+    acc[ACC(0u, r, i)] = fma(wv[r][q], xq[q / 4u][q % 4u], acc[ACC(0u, r, i)]);          \
+    GU(acc[ACC(1u, r, i)] = fma(uv[r][q], xq[q / 4u][q % 4u], acc[ACC(1u, r, i)]);)
             FOR_V(CHUNK_STEP)
         }
 #endif
@@ -302,8 +302,8 @@ void main() {
     }
 #define TAIL_MAC                                                                         \
     float xe = ACT(xb[i] + e);                                                           \
-    acc[ACC(0u, r, i)] = acc[ACC(0u, r, i)] + we * xe;                                   \
-    GU(acc[ACC(1u, r, i)] = acc[ACC(1u, r, i)] + ue * xe;)
+    acc[ACC(0u, r, i)] = fma(we, xe, acc[ACC(0u, r, i)]);                                \
+    GU(acc[ACC(1u, r, i)] = fma(ue, xe, acc[ACC(1u, r, i)]);)
                 FOR_R(TAIL_ROW)
             }
         }
