@@ -3,16 +3,15 @@
 // Summation order is part of the numerics contract: a dot product of one output element
 // is split over LANES threads (matmul.comp's specialization constant); lane l accumulates
 // chunks l, l + LANES, ... of CHUNK consecutive elements, each chunk element by element
-// in order, each element's product added by one fma (one instruction where the device
-// has a fused multiply-add, as the H200 has, against two for a multiply and an add, and
-// the same operation in the m=1 and batched kernels); lane 0 then adds the tail
-// (cols % CHUNK elements) in order, likewise; the LANES partials are combined by a fixed
-// tree (s = LANES/2, ..., 1: p[l] += p[l + s]), formed in shared memory for strides of
-// at least the subgroup size and by butterfly shuffles below it, which give lane 0 the
-// same sums, so the order does not depend on the subgroup size either. Accumulators are
-// `precise` so the compiler may neither contract nor reorder anything else. The order
-// depends only on the shapes, never on the number of tokens or experts in the dispatch,
-// so the batched kernels give the same bytes as the m=1 kernels.
+// in order, each product added by one fma (the same operation in the m=1 and batched
+// kernels; one instruction on the H200, where a multiply and an add took two); lane 0
+// then adds the tail (cols % CHUNK elements) in order, likewise; the LANES partials are
+// combined by a fixed tree (s = LANES/2, ..., 1: p[l] += p[l + s]), formed in shared
+// memory for strides of at least the subgroup size and by butterfly shuffles below it,
+// which give lane 0 the same sums, so the order does not depend on the subgroup size
+// either. Accumulators are `precise` so the compiler may neither contract nor reorder
+// anything else. The order depends only on the shapes, never on the number of tokens or
+// experts in the dispatch, so the batched kernels give the same bytes as the m=1 kernels.
 // The K4 block formats (Q4_K, Q5_K) and Q6_K sum 32-weight slices instead of chunks, in
 // the order slice_dot.glsl's header gives; the cross-lane tree is this one.
 
