@@ -386,15 +386,18 @@ impl Backend for VulkanBackend {
     ) -> Result<(), ForwardError> {
         self.rec()?;
         let stack = group.first().and_then(|(w, _)| self.weights.stack(w));
-        let Some(stack) = stack.filter(|s| rows == 1 && s.splits.len() + 1 == group.len()) else {
+        let Some(stack) = stack.filter(|s| rows == 1 && s.splits.len() < group.len()) else {
             return project_each(self, group, src, rows);
         };
-        // One m=1 dispatch over the stack: each member's rows go to its plane.
+        // One m=1 dispatch over the stack (its members lead the group): each member's rows
+        // go to its plane; the members after it alone.
+        let n = stack.splits.len() + 1;
         let mut args = self.args(src, group[0].1, rows);
-        for (slot, (&row, (_, dst))) in args.stack.iter_mut().zip(stack.splits.iter().zip(&group[1..])) {
+        for (slot, (&row, (_, dst))) in args.stack.iter_mut().zip(stack.splits.iter().zip(&group[1..n])) {
             *slot = (row, self.a.at(*dst));
         }
-        Ok(stack.w.record(self.rec.as_mut().expect("started"), args, false)?)
+        stack.w.record(self.rec.as_mut().expect("started"), args, false)?;
+        project_each(self, &group[n..], src, rows)
     }
 
     fn qk_norm_rope(

@@ -28,9 +28,10 @@ pub struct BoundWeight {
     pub sets: Vec<Arc<DescriptorSet>>,
 }
 
-/// Matrices that share their input (an attention layer's q, k, v and output gate) stored
-/// one after another in one buffer and bound as one range, so that an m=1 projection by
-/// all of them is one dispatch; each member is also bound alone (its own rows).
+/// Matrices that share their input (an attention layer's q, k, v and output gate, or
+/// its leading members of one type) stored one after another in one buffer and bound as
+/// one range, so that an m=1 projection by all of them is one dispatch; each member is
+/// also bound alone (its own rows).
 pub struct Stack {
     /// The stacked matrix.
     pub w: BoundWeight,
@@ -122,7 +123,12 @@ impl DeviceModel {
             if group.iter().any(|r| mats.contains_key(&r.key())) {
                 continue;
             }
-            if let Some((stack, alone)) = Stack::upload(ctx, kernels, model, &group)? {
+            // The leading members of the first one's type (a Q4_K_M file's q and k where
+            // its v is Q6_K); the rest are bound alone.
+            let first = model.w(group[0]);
+            let same = |r: &&&TensorRef| model.w(r).dtype() == first.dtype() && model.w(r).cols == first.cols;
+            let lead = group.iter().take_while(same).count();
+            if let Some((stack, alone)) = Stack::upload(ctx, kernels, model, &group[..lead])? {
                 mats.extend(group.iter().map(|r| r.key()).zip(alone));
                 stacks.insert(group[0].key(), stack);
             }
