@@ -40,20 +40,24 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Uploads `members` stacked, or `None` where they cannot be: fewer than two, more
-    /// than four, types or column counts that differ, a member whose rows do not start
-    /// at a bindable offset, or more rows than one bound range holds.
+    /// Uploads the leading members of `group` that share the first one's type and
+    /// column count (a Q4_K_M file's q and k where its v is Q6_K) stacked, or `None`
+    /// where they cannot be: fewer than two, more than four, a member whose rows do not
+    /// start at a bindable offset, or more rows than one bound range holds. The members
+    /// after them are not part of the stack.
     fn upload(
         ctx: &Arc<VulkanContext>,
         kernels: &Kernels,
         model: &Model,
-        members: &[&TensorRef],
+        group: &[&TensorRef],
     ) -> Result<Option<(Stack, Vec<BoundWeight>)>, VulkanError> {
-        if !(2..=4).contains(&members.len()) {
+        let mut views: Vec<_> = group.iter().map(|r| model.w(r)).collect();
+        let Some((dtype, cols)) = views.first().map(|v| (v.dtype(), v.cols)) else { return Ok(None) };
+        let lead = views.iter().take_while(|v| v.dtype() == dtype && v.cols == cols).count();
+        views.truncate(lead);
+        if !(2..=4).contains(&views.len()) {
             return Ok(None);
         }
-        let views: Vec<_> = members.iter().map(|r| model.w(r)).collect();
-        let (dtype, cols) = (views[0].dtype(), views[0].cols);
         let align =
             ctx.device.physical_device().properties().min_storage_buffer_offset_alignment.as_devicesize();
         let mut offsets = Vec::with_capacity(views.len());
@@ -62,9 +66,7 @@ impl Stack {
             offsets.push(total);
             total += v.bytes().len() as u64;
         }
-        let stackable = views.iter().all(|v| v.dtype() == dtype && v.cols == cols)
-            && offsets.iter().all(|o| o.is_multiple_of(align.max(4)));
-        if !stackable {
+        if !offsets.iter().all(|o| o.is_multiple_of(align.max(4))) {
             return Ok(None);
         }
         let buf = device_buffer::<u8>(ctx, (total + 4).next_multiple_of(16), BufferUsage::STORAGE_BUFFER)?;
@@ -123,12 +125,8 @@ impl DeviceModel {
             if group.iter().any(|r| mats.contains_key(&r.key())) {
                 continue;
             }
-            // The leading members of the first one's type (a Q4_K_M file's q and k where
-            // its v is Q6_K); the rest are bound alone.
-            let first = model.w(group[0]);
-            let same = |r: &&&TensorRef| model.w(r).dtype() == first.dtype() && model.w(r).cols == first.cols;
-            let lead = group.iter().take_while(same).count();
-            if let Some((stack, alone)) = Stack::upload(ctx, kernels, model, &group[..lead])? {
+            // Members outside the stack (the `zip` stops at its last) are bound alone below.
+            if let Some((stack, alone)) = Stack::upload(ctx, kernels, model, &group)? {
                 mats.extend(group.iter().map(|r| r.key()).zip(alone));
                 stacks.insert(group[0].key(), stack);
             }
