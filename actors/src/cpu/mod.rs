@@ -4,6 +4,7 @@
 //! single token, so layer-major prefill is byte-identical to token-serial replay.
 
 pub mod delta;
+pub mod fused;
 pub mod kernels;
 mod kv;
 pub mod quant;

@@ -10,24 +10,27 @@
 //! an FMA, so the results are those of the unfused C reference and of gguf-py (a C build
 //! that contracts to FMA could differ in the last bit).
 //!
-//! **Dot products** dequantise in registers and multiply f32 activations (activations are
-//! never quantised). [`dot_row`] is bitwise equal to
-//! `kernels::dot_f32(&dequantized_row, x)`: element `i` goes to lane `i % 16`, lanes are
-//! combined by `dot_f32` itself, and the tail (only f32/f16/bf16 rows can have one) is
-//! added last in order. On CPUs with AVX2 each block format has an 8-wide variant doing
-//! the same operations per element, so both paths give the same bits; the same routine,
-//! storing the weights it forms instead of multiplying them, is the AVX2 decoder.
-//! [`QuantMatrix::row_dots`] decodes a row once for several activation vectors (the
-//! token-batched sibling), each result bitwise the single dot product.
+//! **Dot products** multiply f32 activations (activations are never quantised). Plain
+//! types (f32, f16, bf16) are the 16-lane order of `kernels::dot_f32`: element `i` goes
+//! to lane `i % 16`, lanes are combined in a fixed tree, the tail is added last in order.
+//! Block formats form each weight with one rounding and multiply it in with a fused
+//! multiply-add, in the order of [`super::fused`] (the dequantised row's dot product up to
+//! f32 rounding, not bitwise). On CPUs with AVX2 and FMA each block format forms its
+//! quants and factors eight at a time in registers, the same values as the plain-Rust
+//! path, so both give the same bits; the same routine, storing instead of multiplying, is
+//! the AVX2 decoder and forms [`Fused`] rows for many tokens. [`QuantMatrix::row_dots`]
+//! decodes a row once for several activation vectors (the token-batched sibling), each
+//! result bitwise the single dot product.
 
 use rayon::prelude::*;
 use smoe_proto::ggml::{GgmlType, QK_K};
 
+use super::fused::{self, Fused};
 use super::kernels::{dot_bf16, dot_f32};
 use crate::tensor::bf16_to_f32;
 
 /// Lanes of the fixed accumulation order (those of `kernels::dot_f32`).
-const LANES: usize = 16;
+pub(super) const LANES: usize = 16;
 /// Matrices with fewer stored elements than this are computed on the calling thread.
 const PAR_THRESHOLD: usize = 1 << 15;
 
@@ -144,6 +147,20 @@ impl Kernel {
         }
     }
 
+    /// The fused weights (`fused`'s) of whole rows of a block format into `into`; `false`
+    /// for the plain types, whose weights are their values.
+    fn fuse_rows(self, isa: Isa, bytes: &[u8], into: &mut Fused) -> bool {
+        match self {
+            Kernel::F32 | Kernel::F16 | Kernel::Bf16 => return false,
+            Kernel::Q8_0 => fuse_blocks::<Q8_0>(isa, bytes, into),
+            Kernel::Q4_0 => fuse_blocks::<Q4_0>(isa, bytes, into),
+            Kernel::Q4K => fuse_blocks::<Q4K>(isa, bytes, into),
+            Kernel::Q5K => fuse_blocks::<Q5K>(isa, bytes, into),
+            Kernel::Q6K => fuse_blocks::<Q6K>(isa, bytes, into),
+        }
+        true
+    }
+
     /// The fused dot product of a row whose size is known to match `x`, on the widest
     /// instructions the CPU has.
     fn dot(self, bytes: &[u8], x: &[f32]) -> f32 {
@@ -180,25 +197,22 @@ impl Kernel {
 }
 
 /// The instructions a fused dot product may use. `Avx2` is made only by
-/// [`Isa::detect`], on a CPU that has AVX2 (`f16c`: and F16C).
+/// [`Isa::detect`], on a CPU that has AVX2, FMA and F16C (every AVX2 CPU made since 2013).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Isa {
     /// Plain Rust, any CPU.
     Portable,
-    /// 8-wide AVX2 (multiply, then add: never FMA).
+    /// 8-wide AVX2 with FMA and F16C.
     #[cfg(target_arch = "x86_64")]
-    Avx2 {
-        /// F16C conversions are available too.
-        f16c: bool,
-    },
+    Avx2,
 }
 
 impl Isa {
     /// The widest path the running CPU supports (feature checks are cached by std).
     fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
-            return Isa::Avx2 { f16c: std::is_x86_feature_detected!("f16c") };
+        if fused::avx2::present() {
+            return Isa::Avx2;
         }
         Isa::Portable
     }
@@ -213,7 +227,8 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(),
 }
 
 /// Dot product of one row of `ty` (`bytes`) with f32 activations `x`, dequantising in
-/// registers; bitwise equal to `kernels::dot_f32` of the dequantised row with `x`.
+/// registers: for plain types bitwise `kernels::dot_f32` of the widened row, for block
+/// formats the order of [`super::fused`].
 pub fn dot_row(ty: GgmlType, bytes: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     let (kernel, _) = Kernel::check(ty, bytes.len(), 1, x.len())?;
     Ok(kernel.dot(bytes, x))
@@ -279,6 +294,18 @@ impl<'a> QuantMatrix<'a> {
         assert!(xs.iter().all(|x| x.len() == self.cols), "every vector must have {} elements", self.cols);
         let row = &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
         self.kernel.dots_on(Isa::detect(), row, xs)
+    }
+
+    /// The fused weights of rows `rs` of a block-format matrix into `into` (`cols` a row),
+    /// whose [`fused::dots`] are then bitwise this matrix's [`QuantMatrix::row_dots`];
+    /// `false`, leaving `into` alone, for the plain types.
+    ///
+    /// # Panics
+    /// If `rs` is not a range of rows.
+    pub fn fuse_rows(&self, rs: std::ops::Range<usize>, into: &mut Fused) -> bool {
+        assert!(rs.start <= rs.end && rs.end <= self.rows, "rows {rs:?} of {}", self.rows);
+        let bytes = &self.data[rs.start * self.row_bytes..rs.end * self.row_bytes];
+        self.kernel.fuse_rows(Isa::detect(), bytes, into)
     }
 
     /// Row `r` dequantised into `out` (`cols` elements), e.g. for an embedding lookup.
@@ -369,7 +396,7 @@ fn decode_plain(bytes: &[u8], out: &mut [f32], size: usize, elem: fn(&[u8]) -> f
 /// lane times 1.0 (exact) to a zero lane (exact: a lane that starts at +0.0 can never
 /// become −0.0), then combines the lanes as every dot product does.
 #[inline(always)]
-fn combine(acc: &[f32; LANES]) -> f32 {
+pub(super) fn combine(acc: &[f32; LANES]) -> f32 {
     dot_f32(acc, &[1.0; LANES])
 }
 
@@ -397,78 +424,117 @@ fn dot_f16(isa: Isa, bytes: &[u8], x: &[f32]) -> f32 {
     match isa {
         // SAFETY: `Isa::detect` found AVX2 and F16C; `bytes` holds `x.len()` f16 values.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 { f16c: true } => unsafe { avx2::dot_f16(bytes, x) },
-        _ => dot_plain(bytes, x, 2, f16_le),
+        Isa::Avx2 => unsafe { avx2::dot_f16(bytes, x) },
+        Isa::Portable => dot_plain(bytes, x, 2, f16_le),
     }
 }
 
 // ---------------------------------------------------------------------------------------
 // Block formats.
 
-/// One ggml block format: its geometry, its exact decoder, and its AVX2 accumulator.
+/// One ggml block format: its geometry and its factors (each group's quants, scale and
+/// min), formed in plain Rust or in AVX2 registers with the same values.
 trait BlockFormat {
-    /// Elements per block (a multiple of 16, so blocks never split a lane group).
+    /// Elements per block.
     const ELEMS: usize;
     /// Bytes per block.
     const BYTES: usize;
-    /// Decodes one block (`BYTES` bytes) into `out` (`ELEMS` values), as ggml does.
-    fn decode(b: &[u8], out: &mut [f32]);
-    /// Decodes one block in registers, bitwise as [`BlockFormat::decode`], and hands its
-    /// weights to `acc` 16 at a time in element order (elements `at..at + ELEMS` of the
-    /// row): an accumulator multiplies them into its vectors, a store writes them out.
+    /// Elements per group (one scale and min each): 16 or 32, an even number per block.
+    const GROUP: usize;
+    /// Whether the groups have mins (weights `a·q − b`; otherwise `a·q`).
+    const MINS: bool;
+    /// One block's quants (`ELEMS` exact values) into `q`, each group's scale and min
+    /// (zero without mins) into `a` and `m`, as ggml forms them.
+    fn factors(b: &[u8], q: &mut [f32], a: &mut [f32], m: &mut [f32]);
+    /// [`BlockFormat::factors`] in registers: each group handed to `sink` in element
+    /// order (elements `at..at + ELEMS` of the row), the same values.
     ///
     /// # Safety
-    /// The CPU must have AVX2; `b` holds `BYTES` bytes and `acc` takes elements up to
-    /// `at + ELEMS` (see [`avx2::Sink`]).
+    /// The CPU must have AVX2 and FMA; `b` holds `BYTES` bytes and `sink` takes elements up
+    /// to `at + ELEMS` (see [`avx2::Sink`]).
     #[cfg(target_arch = "x86_64")]
-    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S);
+    unsafe fn factors_avx2<S: avx2::Sink>(b: &[u8], at: usize, sink: &mut S);
 }
 
-/// Decodes whole blocks: the scalar decoder, or its AVX2 sibling (the same bits).
+/// A block's factors in plain Rust, in stack buffers.
+struct BlockFactors {
+    q: [f32; QK_K],
+    a: [f32; QK_K / 16],
+    m: [f32; QK_K / 16],
+}
+
+impl BlockFactors {
+    /// The factors of block `b` of format `F`.
+    #[inline(always)]
+    fn of<F: BlockFormat>(b: &[u8]) -> Self {
+        let mut f = BlockFactors { q: [0.0; QK_K], a: [0.0; QK_K / 16], m: [0.0; QK_K / 16] };
+        let groups = F::ELEMS / F::GROUP;
+        F::factors(b, &mut f.q[..F::ELEMS], &mut f.a[..groups], &mut f.m[..groups]);
+        f
+    }
+}
+
+/// Decodes whole blocks to ggml's weights `a·q − b` (two roundings, in that order; `b` is
+/// zero without mins, which leaves `a·q` unchanged): plain Rust or AVX2, the same bits.
 fn decode_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], out: &mut [f32]) {
     assert_eq!(out.len(), bytes.len() / F::BYTES * F::ELEMS, "the output must hold the blocks' elements");
     match isa {
         Isa::Portable => {
             for (b, o) in bytes.chunks_exact(F::BYTES).zip(out.chunks_exact_mut(F::ELEMS)) {
-                F::decode(b, o);
+                let f = BlockFactors::of::<F>(b);
+                for (i, o) in o.iter_mut().enumerate() {
+                    *o = f.a[i / F::GROUP] * f.q[i] - f.m[i / F::GROUP];
+                }
             }
         }
-        // SAFETY: `Isa::detect` found AVX2; `out` holds the blocks' elements (above).
+        // SAFETY: `Isa::detect` found AVX2 and FMA; `out` holds the blocks' elements (above).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 { .. } => unsafe { avx2::decode_blocks::<F>(bytes, out) },
+        Isa::Avx2 => unsafe { avx2::decode_blocks::<F>(bytes, out) },
     }
 }
 
-/// The fused dot products of one row of block format `F` with `N` vectors.
+/// The fused weights of whole blocks (`fused::weight`), appended to nothing: `into` is
+/// resized to the blocks' elements.
+fn fuse_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], into: &mut Fused) {
+    into.resize(bytes.len() / F::BYTES * F::ELEMS, 0.0);
+    match isa {
+        Isa::Portable => {
+            for (b, o) in bytes.chunks_exact(F::BYTES).zip(into.chunks_exact_mut(F::ELEMS)) {
+                let f = BlockFactors::of::<F>(b);
+                for (i, o) in o.iter_mut().enumerate() {
+                    *o = fused::weight(f.a[i / F::GROUP], f.q[i], f.m[i / F::GROUP], F::MINS);
+                }
+            }
+        }
+        // SAFETY: `Isa::detect` found AVX2 and FMA; `into` holds the blocks' elements.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::fuse_blocks::<F>(bytes, into) },
+    }
+}
+
+/// The dot products (`fused`'s order) of one row of block format `F` with `N` vectors.
 fn dot_blocks<F: BlockFormat, const N: usize>(isa: Isa, bytes: &[u8], xs: [&[f32]; N]) -> [f32; N] {
     let elems = bytes.len() / F::BYTES * F::ELEMS;
     assert!(xs.iter().all(|x| x.len() == elems), "every vector must have the row's {elems} elements");
     match isa {
-        Isa::Portable => dot_blocks_portable::<F, N>(bytes, xs),
-        // SAFETY: `Isa::detect` found AVX2; every vector holds the row's elements (above).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 { .. } => unsafe { avx2::dot_blocks::<F, N>(bytes, xs) },
-    }
-}
-
-/// The portable fused dot products: each block decoded into a stack buffer by the very
-/// decoder of [`dequantize_row`], then multiplied into each vector's lanes.
-fn dot_blocks_portable<F: BlockFormat, const N: usize>(bytes: &[u8], xs: [&[f32]; N]) -> [f32; N] {
-    let mut acc = [[0.0f32; LANES]; N];
-    let mut w = [0.0f32; QK_K];
-    let w = &mut w[..F::ELEMS];
-    for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
-        F::decode(b, w);
-        for (acc, x) in acc.iter_mut().zip(xs) {
-            let xb = &x[k * F::ELEMS..(k + 1) * F::ELEMS];
-            for (wc, xc) in w.chunks_exact(LANES).zip(xb.chunks_exact(LANES)) {
-                for i in 0..LANES {
-                    acc[i] += wc[i] * xc[i];
+        Isa::Portable => {
+            let mut acc = [[0.0f32; LANES]; N];
+            let mut w = [0.0f32; QK_K];
+            for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
+                let f = BlockFactors::of::<F>(b);
+                for (i, w) in w[..F::ELEMS].iter_mut().enumerate() {
+                    *w = fused::weight(f.a[i / F::GROUP], f.q[i], f.m[i / F::GROUP], F::MINS);
+                }
+                for (acc, x) in acc.iter_mut().zip(xs) {
+                    fused::accumulate(acc, &w[..F::ELEMS], &x[k * F::ELEMS..(k + 1) * F::ELEMS]);
                 }
             }
+            acc.map(|a| combine(&a))
         }
+        // SAFETY: `Isa::detect` found AVX2 and FMA; every vector holds the row's elements.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::dot_blocks::<F, N>(bytes, xs) },
     }
-    acc.map(|a| combine(&a))
 }
 
 /// The f16 scale stored at byte `at` of a block, widened exactly.
@@ -483,24 +549,25 @@ struct Q8_0;
 impl BlockFormat for Q8_0 {
     const ELEMS: usize = 32;
     const BYTES: usize = 34;
+    const GROUP: usize = 32;
+    const MINS: bool = false;
 
-    fn decode(b: &[u8], out: &mut [f32]) {
-        let d = scale_at(b, 0);
-        for (o, &q) in out.iter_mut().zip(&b[2..34]) {
-            *o = (q as i8) as f32 * d;
+    fn factors(b: &[u8], q: &mut [f32], a: &mut [f32], m: &mut [f32]) {
+        for (q, &v) in q.iter_mut().zip(&b[2..34]) {
+            *q = (v as i8) as f32;
         }
+        (a[0], m[0]) = (scale_at(b, 0), 0.0);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
+    unsafe fn factors_avx2<S: avx2::Sink>(b: &[u8], at: usize, sink: &mut S) {
         use std::arch::x86_64::*;
-        let d = _mm256_set1_ps(scale_at(b, 0));
-        for c in 0..2 {
-            let q = _mm_loadu_si128(b.as_ptr().add(2 + 16 * c) as *const __m128i);
-            let (lo, hi) = avx2::i8x16_to_f32(q);
-            acc.add(_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d), at + 16 * c);
-        }
+        let p = b.as_ptr().add(2);
+        let q = std::array::from_fn(|c| {
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * c) as *const __m128i)))
+        });
+        sink.group::<4, false>(q, scale_at(b, 0), 0.0, at);
     }
 }
 
@@ -511,26 +578,27 @@ struct Q4_0;
 impl BlockFormat for Q4_0 {
     const ELEMS: usize = 32;
     const BYTES: usize = 18;
+    const GROUP: usize = 32;
+    const MINS: bool = false;
 
-    fn decode(b: &[u8], out: &mut [f32]) {
-        let d = scale_at(b, 0);
-        for (j, &q) in b[2..18].iter().enumerate() {
-            out[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
-            out[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+    fn factors(b: &[u8], q: &mut [f32], a: &mut [f32], m: &mut [f32]) {
+        for (j, &v) in b[2..18].iter().enumerate() {
+            q[j] = ((v & 0x0F) as i32 - 8) as f32;
+            q[j + 16] = ((v >> 4) as i32 - 8) as f32;
         }
+        (a[0], m[0]) = (scale_at(b, 0), 0.0);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
+    unsafe fn factors_avx2<S: avx2::Sink>(b: &[u8], at: usize, sink: &mut S) {
         use std::arch::x86_64::*;
-        let d = _mm256_set1_ps(scale_at(b, 0));
-        let q = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
-        let eight = _mm_set1_epi8(8);
-        for (c, nib) in avx2::nibbles(q).into_iter().enumerate() {
-            let (lo, hi) = avx2::i8x16_to_f32(_mm_sub_epi8(nib, eight));
-            acc.add(_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d), at + 16 * c);
-        }
+        let (p, mask, eight) = (b.as_ptr().add(2), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(8));
+        let v = [0, 8].map(|o| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i)));
+        let f = |n: __m256i| _mm256_cvtepi32_ps(_mm256_sub_epi32(n, eight));
+        let lo = v.map(|v| f(_mm256_and_si256(v, mask)));
+        let hi = v.map(|v| f(_mm256_srli_epi32(v, 4)));
+        sink.group::<4, false>([lo[0], lo[1], hi[0], hi[1]], scale_at(b, 0), 0.0, at);
     }
 }
 
@@ -545,14 +613,15 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// The (scale, min) pairs of the two 32-element sub-blocks of 64-element group `g` of a
-/// Q4_K/Q5_K block: `(d·sc, dmin·m)` as ggml computes them.
+/// Every sub-block's scale `d·sc` into `a` and min `dmin·m` into `m` (8 each) of a
+/// Q4_K/Q5_K block, as ggml computes them.
 #[inline(always)]
-fn k4_group_scales(b: &[u8], g: usize) -> [(f32, f32); 2] {
+fn k4_scales(b: &[u8], a: &mut [f32], m: &mut [f32]) {
     let (d, dmin) = (scale_at(b, 0), scale_at(b, 2));
-    let (sc1, m1) = scale_min_k4(2 * g, &b[4..16]);
-    let (sc2, m2) = scale_min_k4(2 * g + 1, &b[4..16]);
-    [(d * sc1 as f32, dmin * m1 as f32), (d * sc2 as f32, dmin * m2 as f32)]
+    for j in 0..8 {
+        let (sc, mn) = scale_min_k4(j, &b[4..16]);
+        (a[j], m[j]) = (d * sc as f32, dmin * mn as f32);
+    }
 }
 
 /// Q4_K: `d, dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`. Group `g` (64 elements)
@@ -563,27 +632,34 @@ struct Q4K;
 impl BlockFormat for Q4K {
     const ELEMS: usize = QK_K;
     const BYTES: usize = 144;
+    const GROUP: usize = 32;
+    const MINS: bool = true;
 
-    fn decode(b: &[u8], out: &mut [f32]) {
-        for (g, y) in out.chunks_exact_mut(64).enumerate() {
-            let [(d1, m1), (d2, m2)] = k4_group_scales(b, g);
-            let q = &b[16 + 32 * g..16 + 32 * g + 32];
-            for l in 0..32 {
-                y[l] = d1 * (q[l] & 0x0F) as f32 - m1;
-                y[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
+    fn factors(b: &[u8], q: &mut [f32], a: &mut [f32], m: &mut [f32]) {
+        k4_scales(b, a, m);
+        for (g, y) in q.chunks_exact_mut(64).enumerate() {
+            for (l, &v) in b[16 + 32 * g..16 + 32 * g + 32].iter().enumerate() {
+                (y[l], y[l + 32]) = ((v & 0x0F) as f32, (v >> 4) as f32);
             }
         }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
+    unsafe fn factors_avx2<S: avx2::Sink>(b: &[u8], at: usize, sink: &mut S) {
         use std::arch::x86_64::*;
-        let q = b.as_ptr().add(16);
+        let (a, m) = avx2::k4_scales(b);
+        let (p, mask) = (b.as_ptr().add(16), _mm256_set1_epi32(0x0F));
         for g in 0..4 {
-            // Elements 64g + 0..32 are the 32 bytes' low nibbles, 64g + 32..64 the high.
-            let [lo, hi] = avx2::nibbles32(_mm256_loadu_si256(q.add(32 * g) as *const __m256i));
-            avx2::k4_group(acc, [lo, hi], k4_group_scales(b, g), at + 64 * g);
+            // Bytes 8c..8c+8 of the group: elements 64g + 8c.. (low nibbles) and
+            // 64g + 32 + 8c.. (high nibbles).
+            let v: [__m256i; 4] = std::array::from_fn(|c| {
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 * g + 8 * c) as *const __m128i))
+            });
+            let lo = v.map(|v| _mm256_cvtepi32_ps(_mm256_and_si256(v, mask)));
+            let hi = v.map(|v| _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)));
+            sink.group::<4, true>(lo, a[2 * g], m[2 * g], at + 64 * g);
+            sink.group::<4, true>(hi, a[2 * g + 1], m[2 * g + 1], at + 64 * g + 32);
         }
     }
 }
@@ -596,33 +672,39 @@ struct Q5K;
 impl BlockFormat for Q5K {
     const ELEMS: usize = QK_K;
     const BYTES: usize = 176;
+    const GROUP: usize = 32;
+    const MINS: bool = true;
 
-    fn decode(b: &[u8], out: &mut [f32]) {
+    fn factors(b: &[u8], q: &mut [f32], a: &mut [f32], m: &mut [f32]) {
+        k4_scales(b, a, m);
         let qh = &b[16..48];
-        for (g, y) in out.chunks_exact_mut(64).enumerate() {
-            let [(d1, m1), (d2, m2)] = k4_group_scales(b, g);
-            let ql = &b[48 + 32 * g..48 + 32 * g + 32];
-            let (u1, u2) = (1u8 << (2 * g), 2u8 << (2 * g));
-            for l in 0..32 {
-                let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
-                let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
-                y[l] = d1 * ((ql[l] & 0x0F) + h1) as f32 - m1;
-                y[l + 32] = d2 * ((ql[l] >> 4) + h2) as f32 - m2;
+        for (g, y) in q.chunks_exact_mut(64).enumerate() {
+            for (l, &v) in b[48 + 32 * g..48 + 32 * g + 32].iter().enumerate() {
+                let (h1, h2) = ((qh[l] >> (2 * g)) & 1, (qh[l] >> (2 * g + 1)) & 1);
+                (y[l], y[l + 32]) = (((v & 0x0F) + 16 * h1) as f32, ((v >> 4) + 16 * h2) as f32);
             }
         }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
+    unsafe fn factors_avx2<S: avx2::Sink>(b: &[u8], at: usize, sink: &mut S) {
         use std::arch::x86_64::*;
-        let p = b.as_ptr();
-        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+        let (a, m) = avx2::k4_scales(b);
+        let (p, mask, one) = (b.as_ptr(), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(1));
+        let load = |o: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i));
+        let qh: [__m256i; 4] = std::array::from_fn(|c| load(16 + 8 * c));
         for g in 0..4 {
-            let [lo, hi] = avx2::nibbles32(_mm256_loadu_si256(p.add(48 + 32 * g) as *const __m256i));
-            let (bit1, bit2) = (1u8 << (2 * g), 2u8 << (2 * g));
-            let q = [avx2::add_high_bit(lo, qh, bit1), avx2::add_high_bit(hi, qh, bit2)];
-            avx2::k4_group(acc, q, k4_group_scales(b, g), at + 64 * g);
+            let v: [__m256i; 4] = std::array::from_fn(|c| load(48 + 32 * g + 8 * c));
+            // The nibble plus 16 where bit `bit` of the lane's qh byte is set.
+            let with_bit = |n: __m256i, h: __m256i, bit: i32| {
+                let h = _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(bit)), one);
+                _mm256_cvtepi32_ps(_mm256_add_epi32(n, _mm256_slli_epi32(h, 4)))
+            };
+            let lo = std::array::from_fn(|c| with_bit(_mm256_and_si256(v[c], mask), qh[c], 2 * g as i32));
+            let hi = std::array::from_fn(|c| with_bit(_mm256_srli_epi32(v[c], 4), qh[c], 2 * g as i32 + 1));
+            sink.group::<4, true>(lo, a[2 * g], m[2 * g], at + 64 * g);
+            sink.group::<4, true>(hi, a[2 * g + 1], m[2 * g + 1], at + 64 * g + 32);
         }
     }
 }
@@ -646,38 +728,40 @@ impl Q6K {
 impl BlockFormat for Q6K {
     const ELEMS: usize = QK_K;
     const BYTES: usize = 210;
+    const GROUP: usize = 16;
+    const MINS: bool = false;
 
-    fn decode(b: &[u8], out: &mut [f32]) {
+    fn factors(b: &[u8], q: &mut [f32], a: &mut [f32], m: &mut [f32]) {
         let d = scale_at(b, 208);
-        for (c, y) in out.chunks_exact_mut(16).enumerate() {
+        for (c, y) in q.chunks_exact_mut(16).enumerate() {
             let (n, k, h) = (c / 8, (c / 2) % 4, c % 2);
-            let ds = Q6K::scale(b, d, c);
+            (a[c], m[c]) = (Q6K::scale(b, d, c), 0.0);
             for (i, y) in y.iter_mut().enumerate() {
                 let l = 16 * h + i;
                 let ql = b[64 * n + 32 * (k & 1) + l];
                 let low = if k < 2 { ql & 0x0F } else { ql >> 4 };
                 let high = (b[128 + 32 * n + l] >> (2 * k)) & 3;
-                *y = ds * ((low | (high << 4)) as i8 - 32) as f32;
+                *y = ((low | (high << 4)) as i8 - 32) as f32;
             }
         }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn accumulate_avx2<S: avx2::Sink>(b: &[u8], at: usize, acc: &mut S) {
+    unsafe fn factors_avx2<S: avx2::Sink>(b: &[u8], at: usize, sink: &mut S) {
         use std::arch::x86_64::*;
         let (m4, three, bias) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
         let d = scale_at(b, 208);
         let p = b.as_ptr();
         // A block half n at a time: its 64 ql and 32 qh bytes in three 32-byte loads, each
         // group k's 32 quants formed at once, then used 16 at a time (c = 8n + 2k + h, in
-        // order, as the decoder's chunks).
+        // order).
         for n in 0..2 {
             let ql = [0, 32].map(|o| _mm256_loadu_si256(p.add(64 * n + o) as *const __m256i));
             let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
             for k in 0..4 {
-                // Only the nibble half group k uses (`nibbles32(..)[k / 2]` forms both and
-                // measured 1.3x slower at 16 tokens: cpu-q6k-wide-2026-12-03.txt).
+                // Only the nibble half group k uses (forming both measured 1.3x slower at
+                // 16 tokens: cpu-q6k-wide-2026-12-03.txt).
                 let low = match k {
                     0 | 1 => _mm256_and_si256(ql[k], m4),
                     _ => _mm256_and_si256(_mm256_srli_epi16(ql[k & 1], 4), m4),
@@ -685,201 +769,110 @@ impl BlockFormat for Q6K {
                 // Bits 2k..2k+2 of each byte (the 16-bit shift's spill-over is masked off).
                 let high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), three);
                 let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), bias);
-                for (h, q) in avx2::halves(q).into_iter().enumerate() {
+                for (h, q) in
+                    [_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)].into_iter().enumerate()
+                {
                     let c = 8 * n + 2 * k + h;
-                    let (lo, hi) = avx2::i8x16_to_f32(q);
-                    let ds = _mm256_set1_ps(Q6K::scale(b, d, c));
-                    acc.add(_mm256_mul_ps(ds, lo), _mm256_mul_ps(ds, hi), at + 16 * c);
+                    let v = [q, _mm_srli_si128(q, 8)].map(|q| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+                    sink.group::<2, false>(v, Q6K::scale(b, d, c), 0.0, at + 16 * c);
                 }
             }
         }
     }
 }
 
-/// The AVX2 (8-wide) paths: lanes 0..8 and 8..16 of the 16-lane accumulator as two
-/// vectors, multiply then add (no FMA), combined like the portable path.
+/// The AVX2 + FMA paths of the block formats (the sinks and the order are `factored`'s)
+/// and of f16 rows.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
+    pub(super) use super::super::fused::avx2::Sink;
+    use super::super::fused::avx2::{Dequantized, Dot, FusedWeights};
     use super::{combine, f16_le, BlockFormat, LANES};
 
-    /// `N` vectors and their 16-lane accumulators (lanes 0..8 and 8..16 each).
-    pub(super) struct Acc<const N: usize> {
-        xs: [*const f32; N],
-        sums: [[__m256; 2]; N],
-    }
-
-    /// Where a block's weights go, 16 at a time (lanes 0..8 as `w0`, 8..16 as `w1`) for
-    /// elements `at..at + 16` of the row.
-    pub(super) trait Sink {
-        /// Takes the weights of elements `at..at + 16`.
-        ///
-        /// # Safety
-        /// AVX2 is present and the sink's memory holds element `at + 15`.
-        unsafe fn add(&mut self, w0: __m256, w1: __m256, at: usize);
-    }
-
-    impl<const N: usize> Sink for Acc<N> {
-        /// Adds `w · x[at..at + 16]` lane by lane to every vector's accumulator.
-        #[inline(always)]
-        unsafe fn add(&mut self, w0: __m256, w1: __m256, at: usize) {
-            for (s, x) in self.sums.iter_mut().zip(self.xs) {
-                s[0] = _mm256_add_ps(s[0], _mm256_mul_ps(w0, _mm256_loadu_ps(x.add(at))));
-                s[1] = _mm256_add_ps(s[1], _mm256_mul_ps(w1, _mm256_loadu_ps(x.add(at + 8))));
-            }
-        }
-    }
-
-    /// The decoded weights written to a row of f32 (the vectorised decoder).
-    struct Store(*mut f32);
-
-    impl Sink for Store {
-        #[inline(always)]
-        unsafe fn add(&mut self, w0: __m256, w1: __m256, at: usize) {
-            _mm256_storeu_ps(self.0.add(at), w0);
-            _mm256_storeu_ps(self.0.add(at + 8), w1);
-        }
-    }
-
-    impl<const N: usize> Acc<N> {
-        /// Zero accumulators for `xs`.
-        #[inline(always)]
-        unsafe fn new(xs: [&[f32]; N]) -> Self {
-            Acc { xs: xs.map(|x| x.as_ptr()), sums: [[_mm256_setzero_ps(); 2]; N] }
-        }
-
-        /// Each vector's lanes combined in the fixed tree.
-        #[inline(always)]
-        unsafe fn sums(&self) -> [f32; N] {
-            self.sums.map(|s| {
-                let mut lanes = [0.0f32; LANES];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), s[0]);
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), s[1]);
-                combine(&lanes)
-            })
-        }
-    }
-
-    /// The low and high nibbles of 16 bytes.
+    /// Every sub-block's `(d·sc, dmin·m)` of a Q4_K/Q5_K block (bitwise `k4_scales`):
+    /// the 12 packed scale bytes unpacked as ggml's `utmp` words, then widened and
+    /// multiplied eight at a time.
     #[inline(always)]
-    pub(super) unsafe fn nibbles(q: __m128i) -> [__m128i; 2] {
-        let m = _mm_set1_epi8(0x0F);
-        [_mm_and_si128(q, m), _mm_and_si128(_mm_srli_epi16(q, 4), m)]
+    pub(super) unsafe fn k4_scales(b: &[u8]) -> ([f32; 8], [f32; 8]) {
+        let w = |i: usize| u32::from_le_bytes([b[4 + 4 * i], b[5 + 4 * i], b[6 + 4 * i], b[7 + 4 * i]]);
+        let (w0, w1, w2) = (w(0), w(1), w(2));
+        let (k1, k2, k3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+        let sc = (w0 & k1) as u64 | (((w2 & k2) | (((w0 >> 6) & k3) << 4)) as u64) << 32;
+        let mn = (w1 & k1) as u64 | ((((w2 >> 4) & k2) | (((w1 >> 6) & k3) << 4)) as u64) << 32;
+        let widen = |v: u64, f: f32| {
+            let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+            let mut out = [0.0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(f), q));
+            out
+        };
+        (widen(sc, f16_le(b)), widen(mn, f16_le(&b[2..])))
     }
 
-    /// Hands `acc` the weights `d·q − m` of elements `at..at + 16` for 16 unsigned quants
-    /// `q` (Q4_K/Q5_K's element formula, the same two roundings as the scalar decoder).
+    /// `dot_blocks` on AVX2: each block's weights formed in registers and multiplied in.
     ///
     /// # Safety
-    /// AVX2 is present and `acc` takes elements up to `at + 16`.
-    #[inline(always)]
-    pub(super) unsafe fn scale_sub_add<S: Sink>(acc: &mut S, q: __m128i, d: f32, m: f32, at: usize) {
-        let (d, m) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
-        let (lo, hi) = u8x16_to_f32(q);
-        acc.add(_mm256_sub_ps(_mm256_mul_ps(d, lo), m), _mm256_sub_ps(_mm256_mul_ps(d, hi), m), at);
-    }
-
-    /// `q + 16` where `qh & bit` is set (Q5_K's fifth bit), bytewise.
-    #[inline(always)]
-    pub(super) unsafe fn add_high_bit(q: __m256i, qh: __m256i, bit: u8) -> __m256i {
-        let bit = _mm256_set1_epi8(bit as i8);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-        _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(16)))
-    }
-
-    /// The low and high nibbles of 32 bytes.
-    #[inline(always)]
-    pub(super) unsafe fn nibbles32(q: __m256i) -> [__m256i; 2] {
-        let m = _mm256_set1_epi8(0x0F);
-        [_mm256_and_si256(q, m), _mm256_and_si256(_mm256_srli_epi16(q, 4), m)]
-    }
-
-    /// The first and second 16 bytes of 32.
-    #[inline(always)]
-    pub(super) unsafe fn halves(q: __m256i) -> [__m128i; 2] {
-        [_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)]
-    }
-
-    /// One 64-element group of a Q4_K / Q5_K block: its 32 low quants `q[0]` (elements
-    /// `at..at + 32`, sub-block scale and min `dm[0]`) then its 32 high ones `q[1]`, 16 at
-    /// a time in element order.
-    ///
-    /// # Safety
-    /// AVX2 is present and `acc` takes elements up to `at + 64`.
-    #[inline(always)]
-    pub(super) unsafe fn k4_group<S: Sink>(acc: &mut S, q: [__m256i; 2], dm: [(f32, f32); 2], at: usize) {
-        for (j, (q, (d, m))) in q.into_iter().zip(dm).enumerate() {
-            for (h, q) in halves(q).into_iter().enumerate() {
-                scale_sub_add(acc, q, d, m, at + 32 * j + 16 * h);
-            }
-        }
-    }
-
-    /// 16 unsigned bytes as two vectors of 8 f32 (exact).
-    #[inline(always)]
-    pub(super) unsafe fn u8x16_to_f32(q: __m128i) -> (__m256, __m256) {
-        (
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))),
-        )
-    }
-
-    /// 16 signed bytes as two vectors of 8 f32 (exact).
-    #[inline(always)]
-    pub(super) unsafe fn i8x16_to_f32(q: __m128i) -> (__m256, __m256) {
-        (
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))),
-        )
-    }
-
-    /// AVX2 sibling of `dot_blocks_portable`.
-    ///
-    /// # Safety
-    /// AVX2 is present; every vector holds `bytes.len() / F::BYTES * F::ELEMS` values.
-    #[target_feature(enable = "avx2")]
+    /// AVX2 and FMA are present; every vector holds `bytes.len() / F::BYTES * F::ELEMS`
+    /// values.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_blocks<F: BlockFormat, const N: usize>(
         bytes: &[u8],
         xs: [&[f32]; N],
     ) -> [f32; N] {
-        let mut acc = Acc::new(xs);
+        let mut dot = Dot::new(xs);
         for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
-            F::accumulate_avx2(b, k * F::ELEMS, &mut acc);
+            F::factors_avx2(b, k * F::ELEMS, &mut dot);
         }
-        acc.sums()
+        dot.finish()
     }
 
-    /// AVX2 sibling of `decode_blocks`: each block decoded in registers (bitwise the
-    /// scalar decoder) and stored.
+    /// `decode_blocks` on AVX2: ggml's weights formed and stored.
     ///
     /// # Safety
-    /// AVX2 is present; `out` holds `bytes.len() / F::BYTES * F::ELEMS` values.
-    #[target_feature(enable = "avx2")]
+    /// AVX2 and FMA are present; `out` holds `bytes.len() / F::BYTES * F::ELEMS` values.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn decode_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
-        let mut store = Store(out.as_mut_ptr());
+        let mut store = Dequantized(out.as_mut_ptr());
         for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
-            F::accumulate_avx2(b, k * F::ELEMS, &mut store);
+            F::factors_avx2(b, k * F::ELEMS, &mut store);
         }
     }
 
-    /// f16 rows, 16 values per step through F16C, then the tail in order.
+    /// `fuse_blocks` on AVX2: the fused weights formed and stored.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are present; `out` holds `bytes.len() / F::BYTES * F::ELEMS` values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fuse_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
+        let mut store = FusedWeights(out.as_mut_ptr());
+        for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
+            F::factors_avx2(b, k * F::ELEMS, &mut store);
+        }
+    }
+
+    /// f16 rows, 16 values per step through F16C (the 16-lane order of the plain types),
+    /// then the tail in order.
     ///
     /// # Safety
     /// AVX2 and F16C are present; `bytes` holds `x.len()` f16 values.
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn dot_f16(bytes: &[u8], x: &[f32]) -> f32 {
         let n = x.len() / LANES * LANES;
-        let mut acc = Acc::new([x]);
-        let p = bytes.as_ptr();
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (p, xp) = (bytes.as_ptr(), x.as_ptr());
         let mut i = 0;
         while i < n {
             let w0 = _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i));
             let w1 = _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i + 16) as *const __m128i));
-            acc.add(w0, w1, i);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(w0, _mm256_loadu_ps(xp.add(i))));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(w1, _mm256_loadu_ps(xp.add(i + 8))));
             i += LANES;
         }
-        let [mut s] = acc.sums();
+        let mut lanes = [0.0f32; LANES];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), a0);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a1);
+        let mut s = combine(&lanes);
         for (b, xv) in bytes[2 * n..].chunks_exact(2).zip(&x[n..]) {
             s += f16_le(b) * xv;
         }
@@ -944,8 +937,18 @@ mod tests {
         Kernel::of(ty).unwrap().dot_on(Isa::Portable, bytes, x)
     }
 
+    /// The dot product of the dequantised row, in f64, and the sum of its terms' magnitudes.
+    fn reference(w: &[f32], x: &[f32]) -> (f64, f64) {
+        w.iter()
+            .zip(x)
+            .fold((0.0, 0.0), |(s, a), (&w, &x)| (s + w as f64 * x as f64, a + (w as f64 * x as f64).abs()))
+    }
+
+    /// Plain rows: bitwise `dot_f32` of the widened row. Block formats: the factored order,
+    /// the same bits on every instruction set, within f32 rounding of the dequantised
+    /// row's exact dot product.
     #[test]
-    fn fused_dot_is_bitwise_dequantize_then_dot_f32() {
+    fn fused_dot_is_the_dequantized_rows_on_every_isa() {
         let mut rng = ChaCha8Rng::seed_from_u64(12);
         for ty in TYPES {
             let be = ty.block_elems().max(1);
@@ -956,10 +959,48 @@ mod tests {
                     let x = rand_vec(&mut rng, cols);
                     let mut w = vec![0.0; cols];
                     dequantize_row(ty, &row, &mut w).unwrap();
-                    let want = dot_f32(&w, &x).to_bits();
-                    assert_eq!(dot_row(ty, &row, &x).unwrap().to_bits(), want, "{ty} cols {cols}");
-                    assert_eq!(portable_dot(ty, &row, &x).to_bits(), want, "{ty} portable cols {cols}");
+                    let got = dot_row(ty, &row, &x).unwrap();
+                    assert_eq!(
+                        portable_dot(ty, &row, &x).to_bits(),
+                        got.to_bits(),
+                        "{ty} portable cols {cols}"
+                    );
+                    if be == 1 {
+                        assert_eq!(got.to_bits(), dot_f32(&w, &x).to_bits(), "{ty} cols {cols}");
+                    } else {
+                        let (want, scale) = reference(&w, &x);
+                        let err = (got as f64 - want).abs();
+                        assert!(
+                            err <= 4e-7 * scale.max(1e-30),
+                            "{ty} cols {cols}: {got} vs {want} (scale {scale})"
+                        );
+                    }
                 }
+            }
+        }
+    }
+
+    /// Rows' weights formed once for many tokens give the in-register products' bits, and
+    /// either instruction set forms the same weights.
+    #[test]
+    fn fused_rows_are_bitwise_the_row_dots() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for ty in TYPES.into_iter().filter(|t| t.block_elems() > 1) {
+            let (rows, cols) = (5, 3 * ty.block_elems());
+            let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+            let m = QuantMatrix::new(ty, &data, rows, cols).unwrap();
+            let xs: Vec<Vec<f32>> = (0..4).map(|_| rand_vec(&mut rng, cols)).collect();
+            let group = [&xs[0][..], &xs[1][..], &xs[2][..], &xs[3][..]];
+            let (mut w, mut portable) = (Fused::new(), Fused::new());
+            assert!(m.fuse_rows(1..rows, &mut w));
+            assert!(m.kernel.fuse_rows(Isa::Portable, &data[m.row_bytes..], &mut portable));
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&w), bits(&portable), "{ty}");
+            for r in 1..rows {
+                let row = &w[(r - 1) * cols..r * cols];
+                let want = m.row_dots(r, group).map(f32::to_bits);
+                assert_eq!(fused::dots(row, group).map(f32::to_bits), want, "{ty} row {r}");
+                assert_eq!(fused::dots(row, [group[2]])[0].to_bits(), want[2], "{ty} row {r}");
             }
         }
     }
@@ -993,14 +1034,11 @@ mod tests {
                 for (r, o) in out.iter().enumerate() {
                     assert_eq!(o.to_bits(), dot_row(ty, m.row(r).unwrap(), &x).unwrap().to_bits(), "{ty}");
                 }
-                let mut w = vec![0.0; cols];
-                m.dequantize_row(rows - 1, &mut w).unwrap();
-                assert_eq!(out[rows - 1].to_bits(), dot_f32(&w, &x).to_bits());
             }
         }
     }
 
-    /// The AVX2 decoder (the accumulate routines storing their weights) gives the scalar
+    /// The AVX2 decoder (the factor routines storing their weights) gives the scalar
     /// decoder's bits for every format.
     #[test]
     fn every_isa_dequantizes_to_the_same_bits() {
@@ -1018,7 +1056,8 @@ mod tests {
     }
 
     /// gguf-py's dequantisation of random valid blocks (tests/fixtures/make_quant_blocks.py),
-    /// reproduced bit for bit; the fused dot product on the same rows matches too.
+    /// reproduced bit for bit; the fused dot product on the same rows is its dot product
+    /// up to f32 rounding.
     #[test]
     fn dequantize_matches_gguf_py_golden_blocks() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/quant_blocks");
@@ -1036,7 +1075,8 @@ mod tests {
             let first_diff = bits.iter().zip(&golden).position(|(a, b)| a != b);
             assert_eq!(first_diff, None, "{ty}: element {first_diff:?} differs from gguf-py");
             let x = rand_vec(&mut rng, out.len());
-            assert_eq!(dot_row(ty, &blocks, &x).unwrap().to_bits(), dot_f32(&out, &x).to_bits(), "{ty}");
+            let (got, (want, scale)) = (dot_row(ty, &blocks, &x).unwrap(), reference(&out, &x));
+            assert!((got as f64 - want).abs() <= 4e-7 * scale.max(1e-30), "{ty}: {got} vs {want}");
         }
     }
 
