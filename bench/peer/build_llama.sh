@@ -18,8 +18,11 @@ done
 mkdir -p "$LLAMA_DIR/dl"
 cd "$LLAMA_DIR"
 
+command -v cmake >/dev/null || { echo "cmake is missing: apt-get install -y cmake" >&2; exit 1; }
 if ! ls dl/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
-    pip download --no-binary :all: --no-deps -d dl llama-cpp-python
+    # Only llama-cpp-python from source: with `--no-binary :all:` pip also builds the sdist's
+    # build requirements from source to prepare its metadata (cmake itself, ~20 min).
+    pip download --no-binary llama-cpp-python --no-deps -d dl llama-cpp-python
 fi
 SDIST=$(ls dl/llama_cpp_python-*.tar.gz | sort -V | tail -1)
 SRC_ROOT="$LLAMA_DIR/src/$(basename "$SDIST" .tar.gz)"
