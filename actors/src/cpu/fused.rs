@@ -80,17 +80,37 @@ pub(super) mod avx2 {
     /// Where a block's groups go, in element order: each as `C` vectors of quants (exact
     /// f32), its scale `a` and min `b` (zero without mins).
     pub(crate) trait Sink {
-        /// Takes a group: elements `at..at + 8·C` of the row, `at` a multiple of 16.
+        /// Whether the sink takes the products' weights ([`super::weight`]); otherwise
+        /// ggml's dequantised `a·q − b` (two roundings, in that order; `b` is zero without
+        /// mins, which leaves `a·q`).
+        const FUSED: bool;
+
+        /// Takes the weights of elements `at..at + 8·C` of the row (`at` a multiple of 16).
         ///
         /// # Safety
         /// AVX2 and FMA are present and the sink's memory holds element `at + 8·C − 1`.
+        unsafe fn take<const C: usize>(&mut self, w: [__m256; C], at: usize);
+
+        /// Takes a group: its weights formed from quants `q`, scale `a` and min `b`.
+        ///
+        /// # Safety
+        /// As [`Sink::take`].
+        #[inline(always)]
         unsafe fn group<const C: usize, const MINS: bool>(
             &mut self,
             q: [__m256; C],
             a: f32,
             b: f32,
             at: usize,
-        );
+        ) {
+            let w = if Self::FUSED {
+                weights::<C, MINS>(q, a, b)
+            } else {
+                let (a, b) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
+                q.map(|q| _mm256_sub_ps(_mm256_mul_ps(a, q), b))
+            };
+            self.take(w, at);
+        }
     }
 
     /// A group's weights, formed as [`super::weight`] does.
@@ -130,64 +150,31 @@ pub(super) mod avx2 {
         /// Each vector's result.
         #[inline(always)]
         pub(crate) unsafe fn finish(&self) -> [f32; N] {
-            self.acc.map(|a| {
-                let mut lanes = [0.0f32; LANES];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);
-                combine(&lanes)
-            })
+            self.acc.map(|a| sum(a))
         }
     }
 
     impl<const N: usize> Sink for Dot<N> {
+        const FUSED: bool = true;
+
         #[inline(always)]
-        unsafe fn group<const C: usize, const MINS: bool>(
-            &mut self,
-            q: [__m256; C],
-            a: f32,
-            b: f32,
-            at: usize,
-        ) {
-            let w = weights::<C, MINS>(q, a, b);
+        unsafe fn take<const C: usize>(&mut self, w: [__m256; C], at: usize) {
             for h in 0..C / 2 {
                 self.add([w[2 * h], w[2 * h + 1]], at + 16 * h);
             }
         }
     }
 
-    /// The weights ggml's dequantisation forms, `a·q − b` (two roundings, in that order;
-    /// `b` is zero without mins, which leaves `a·q`), written to a row of f32.
-    pub(crate) struct Dequantized(pub(crate) *mut f32);
+    /// Weights written to a row of f32: with `FUSED` the products' (a [`super::Fused`]
+    /// row), without it ggml's dequantised ones.
+    pub(crate) struct Weights<const FUSED: bool>(pub(crate) *mut f32);
 
-    impl Sink for Dequantized {
+    impl<const FUSED: bool> Sink for Weights<FUSED> {
+        const FUSED: bool = FUSED;
+
         #[inline(always)]
-        unsafe fn group<const C: usize, const MINS: bool>(
-            &mut self,
-            q: [__m256; C],
-            a: f32,
-            b: f32,
-            at: usize,
-        ) {
-            let (a, b) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
-            for (c, q) in q.into_iter().enumerate() {
-                _mm256_storeu_ps(self.0.add(at + 8 * c), _mm256_sub_ps(_mm256_mul_ps(a, q), b));
-            }
-        }
-    }
-
-    /// The fused weights written to a row of f32 (a [`super::Fused`] row).
-    pub(crate) struct FusedWeights(pub(crate) *mut f32);
-
-    impl Sink for FusedWeights {
-        #[inline(always)]
-        unsafe fn group<const C: usize, const MINS: bool>(
-            &mut self,
-            q: [__m256; C],
-            a: f32,
-            b: f32,
-            at: usize,
-        ) {
-            for (c, w) in weights::<C, MINS>(q, a, b).into_iter().enumerate() {
+        unsafe fn take<const C: usize>(&mut self, w: [__m256; C], at: usize) {
+            for (c, w) in w.into_iter().enumerate() {
                 _mm256_storeu_ps(self.0.add(at + 8 * c), w);
             }
         }
@@ -212,11 +199,15 @@ pub(super) mod avx2 {
             }
             i += LANES;
         }
-        acc.map(|a| {
-            let mut lanes = [0.0f32; LANES];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);
-            combine(&lanes)
-        })
+        acc.map(|a| sum(a))
+    }
+
+    /// A 16-lane accumulator (lanes 0..8 and 8..16) combined in the fixed tree.
+    #[inline(always)]
+    unsafe fn sum(a: [__m256; 2]) -> f32 {
+        let mut lanes = [0.0f32; LANES];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);
+        combine(&lanes)
     }
 }

@@ -788,7 +788,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     pub(super) use super::super::fused::avx2::Sink;
-    use super::super::fused::avx2::{Dequantized, Dot, FusedWeights};
+    use super::super::fused::avx2::{Dot, Weights};
     use super::{combine, f16_le, BlockFormat, LANES};
 
     /// Every sub-block's `(d·sc, dmin·m)` of a Q4_K/Q5_K block (bitwise `k4_scales`):
@@ -833,7 +833,7 @@ mod avx2 {
     /// AVX2 and FMA are present; `out` holds `bytes.len() / F::BYTES * F::ELEMS` values.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn decode_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
-        let mut store = Dequantized(out.as_mut_ptr());
+        let mut store = Weights::<false>(out.as_mut_ptr());
         for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
             F::factors_avx2(b, k * F::ELEMS, &mut store);
         }
@@ -845,7 +845,7 @@ mod avx2 {
     /// AVX2 and FMA are present; `out` holds `bytes.len() / F::BYTES * F::ELEMS` values.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn fuse_blocks<F: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
-        let mut store = FusedWeights(out.as_mut_ptr());
+        let mut store = Weights::<true>(out.as_mut_ptr());
         for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
             F::factors_avx2(b, k * F::ELEMS, &mut store);
         }
