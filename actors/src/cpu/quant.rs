@@ -493,8 +493,8 @@ fn decode_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// The fused weights of whole blocks (`fused::weight`), appended to nothing: `into` is
-/// resized to the blocks' elements.
+/// The fused weights (`fused::weight`) of whole blocks into `into`, resized to the
+/// blocks' elements.
 fn fuse_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], into: &mut Fused) {
     into.resize(bytes.len() / F::BYTES * F::ELEMS, 0.0);
     match isa {
@@ -781,7 +781,7 @@ impl BlockFormat for Q6K {
     }
 }
 
-/// The AVX2 + FMA paths of the block formats (the sinks and the order are `factored`'s)
+/// The AVX2 + FMA paths of the block formats (the sinks and the order are `fused`'s)
 /// and of f16 rows.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -944,7 +944,7 @@ mod tests {
             .fold((0.0, 0.0), |(s, a), (&w, &x)| (s + w as f64 * x as f64, a + (w as f64 * x as f64).abs()))
     }
 
-    /// Plain rows: bitwise `dot_f32` of the widened row. Block formats: the factored order,
+    /// Plain rows: bitwise `dot_f32` of the widened row. Block formats: `fused`'s order,
     /// the same bits on every instruction set, within f32 rounding of the dequantised
     /// row's exact dot product.
     #[test]
