@@ -472,6 +472,19 @@ impl BlockFactors {
         F::factors(b, &mut f.q[..F::ELEMS], &mut f.a[..groups], &mut f.m[..groups]);
         f
     }
+
+    /// The weights of block `b` of format `F` into `out` (`F::ELEMS` values): the
+    /// products' (`fused::weight`) when `fused`, else ggml's dequantised `a·q − b` (two
+    /// roundings, in that order; `b` is zero without mins, which leaves `a·q`) — the plain
+    /// Rust of `fused::avx2::Sink::group`.
+    #[inline(always)]
+    fn weights<F: BlockFormat>(b: &[u8], out: &mut [f32], fused: bool) {
+        let f = Self::of::<F>(b);
+        for (i, o) in out.iter_mut().enumerate() {
+            let (a, q, m) = (f.a[i / F::GROUP], f.q[i], f.m[i / F::GROUP]);
+            *o = if fused { fused::weight(a, q, m, F::MINS) } else { a * q - m };
+        }
+    }
 }
 
 /// Decodes whole blocks to ggml's weights `a·q − b` (two roundings, in that order; `b` is
@@ -481,10 +494,7 @@ fn decode_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], out: &mut [f32]) {
     match isa {
         Isa::Portable => {
             for (b, o) in bytes.chunks_exact(F::BYTES).zip(out.chunks_exact_mut(F::ELEMS)) {
-                let f = BlockFactors::of::<F>(b);
-                for (i, o) in o.iter_mut().enumerate() {
-                    *o = f.a[i / F::GROUP] * f.q[i] - f.m[i / F::GROUP];
-                }
+                BlockFactors::weights::<F>(b, o, false);
             }
         }
         // SAFETY: `Isa::detect` found AVX2 and FMA; `out` holds the blocks' elements (above).
@@ -500,10 +510,7 @@ fn fuse_blocks<F: BlockFormat>(isa: Isa, bytes: &[u8], into: &mut Fused) {
     match isa {
         Isa::Portable => {
             for (b, o) in bytes.chunks_exact(F::BYTES).zip(into.chunks_exact_mut(F::ELEMS)) {
-                let f = BlockFactors::of::<F>(b);
-                for (i, o) in o.iter_mut().enumerate() {
-                    *o = fused::weight(f.a[i / F::GROUP], f.q[i], f.m[i / F::GROUP], F::MINS);
-                }
+                BlockFactors::weights::<F>(b, o, true);
             }
         }
         // SAFETY: `Isa::detect` found AVX2 and FMA; `into` holds the blocks' elements.
@@ -521,10 +528,7 @@ fn dot_blocks<F: BlockFormat, const N: usize>(isa: Isa, bytes: &[u8], xs: [&[f32
             let mut acc = [[0.0f32; LANES]; N];
             let mut w = [0.0f32; QK_K];
             for (k, b) in bytes.chunks_exact(F::BYTES).enumerate() {
-                let f = BlockFactors::of::<F>(b);
-                for (i, w) in w[..F::ELEMS].iter_mut().enumerate() {
-                    *w = fused::weight(f.a[i / F::GROUP], f.q[i], f.m[i / F::GROUP], F::MINS);
-                }
+                BlockFactors::weights::<F>(b, &mut w[..F::ELEMS], true);
                 for (acc, x) in acc.iter_mut().zip(xs) {
                     fused::accumulate(acc, &w[..F::ELEMS], &x[k * F::ELEMS..(k + 1) * F::ELEMS]);
                 }
@@ -624,6 +628,22 @@ fn k4_scales(b: &[u8], a: &mut [f32], m: &mut [f32]) {
     }
 }
 
+/// The factors of a Q4_K block (`qh` none) or a Q5_K block (`qh` its 32 high-bit bytes,
+/// `qs` after them): quant `l` of group `g` is the low nibble of `qs[32g + l]` (sub-block
+/// `2g`) or the high one (element `l + 32`, sub-block `2g + 1`), plus 16 where bit `2g`
+/// or `2g + 1` of `qh[l]` is set.
+#[inline(always)]
+fn k4_factors(b: &[u8], qh: Option<&[u8]>, q: &mut [f32], a: &mut [f32], m: &mut [f32]) {
+    k4_scales(b, a, m);
+    let qs = &b[if qh.is_some() { 48 } else { 16 }..];
+    for (g, y) in q.chunks_exact_mut(64).enumerate() {
+        for (l, &v) in qs[32 * g..32 * g + 32].iter().enumerate() {
+            let bit = |i: usize| qh.map_or(0, |h| 16 * ((h[l] >> i) & 1));
+            (y[l], y[l + 32]) = (((v & 0x0F) + bit(2 * g)) as f32, ((v >> 4) + bit(2 * g + 1)) as f32);
+        }
+    }
+}
+
 /// Q4_K: `d, dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`. Group `g` (64 elements)
 /// reads `qs[32g..32g+32]`: low nibbles with sub-block `2g`, then high nibbles with
 /// `2g+1`; `y = (d·sc)·q − dmin·m`.
@@ -636,31 +656,13 @@ impl BlockFormat for Q4K {
     const MINS: bool = true;
 
     fn factors(b: &[u8], q: &mut [f32], a: &mut [f32], m: &mut [f32]) {
-        k4_scales(b, a, m);
-        for (g, y) in q.chunks_exact_mut(64).enumerate() {
-            for (l, &v) in b[16 + 32 * g..16 + 32 * g + 32].iter().enumerate() {
-                (y[l], y[l + 32]) = ((v & 0x0F) as f32, (v >> 4) as f32);
-            }
-        }
+        k4_factors(b, None, q, a, m);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn factors_avx2<S: avx2::Sink>(b: &[u8], at: usize, sink: &mut S) {
-        use std::arch::x86_64::*;
-        let (a, m) = avx2::k4_scales(b);
-        let (p, mask) = (b.as_ptr().add(16), _mm256_set1_epi32(0x0F));
-        for g in 0..4 {
-            // Bytes 8c..8c+8 of the group: elements 64g + 8c.. (low nibbles) and
-            // 64g + 32 + 8c.. (high nibbles).
-            let v: [__m256i; 4] = std::array::from_fn(|c| {
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 * g + 8 * c) as *const __m128i))
-            });
-            let lo = v.map(|v| _mm256_cvtepi32_ps(_mm256_and_si256(v, mask)));
-            let hi = v.map(|v| _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)));
-            sink.group::<4, true>(lo, a[2 * g], m[2 * g], at + 64 * g);
-            sink.group::<4, true>(hi, a[2 * g + 1], m[2 * g + 1], at + 64 * g + 32);
-        }
+        avx2::k4_factors::<S, false>(b, at, sink)
     }
 }
 
@@ -676,36 +678,13 @@ impl BlockFormat for Q5K {
     const MINS: bool = true;
 
     fn factors(b: &[u8], q: &mut [f32], a: &mut [f32], m: &mut [f32]) {
-        k4_scales(b, a, m);
-        let qh = &b[16..48];
-        for (g, y) in q.chunks_exact_mut(64).enumerate() {
-            for (l, &v) in b[48 + 32 * g..48 + 32 * g + 32].iter().enumerate() {
-                let (h1, h2) = ((qh[l] >> (2 * g)) & 1, (qh[l] >> (2 * g + 1)) & 1);
-                (y[l], y[l + 32]) = (((v & 0x0F) + 16 * h1) as f32, ((v >> 4) + 16 * h2) as f32);
-            }
-        }
+        k4_factors(b, Some(&b[16..48]), q, a, m);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn factors_avx2<S: avx2::Sink>(b: &[u8], at: usize, sink: &mut S) {
-        use std::arch::x86_64::*;
-        let (a, m) = avx2::k4_scales(b);
-        let (p, mask, one) = (b.as_ptr(), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(1));
-        let load = |o: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i));
-        let qh: [__m256i; 4] = std::array::from_fn(|c| load(16 + 8 * c));
-        for g in 0..4 {
-            let v: [__m256i; 4] = std::array::from_fn(|c| load(48 + 32 * g + 8 * c));
-            // The nibble plus 16 where bit `bit` of the lane's qh byte is set.
-            let with_bit = |n: __m256i, h: __m256i, bit: i32| {
-                let h = _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(bit)), one);
-                _mm256_cvtepi32_ps(_mm256_add_epi32(n, _mm256_slli_epi32(h, 4)))
-            };
-            let lo = std::array::from_fn(|c| with_bit(_mm256_and_si256(v[c], mask), qh[c], 2 * g as i32));
-            let hi = std::array::from_fn(|c| with_bit(_mm256_srli_epi32(v[c], 4), qh[c], 2 * g as i32 + 1));
-            sink.group::<4, true>(lo, a[2 * g], m[2 * g], at + 64 * g);
-            sink.group::<4, true>(hi, a[2 * g + 1], m[2 * g + 1], at + 64 * g + 32);
-        }
+        avx2::k4_factors::<S, true>(b, at, sink)
     }
 }
 
@@ -793,7 +772,8 @@ mod avx2 {
 
     /// Every sub-block's `(d·sc, dmin·m)` of a Q4_K/Q5_K block (bitwise `k4_scales`):
     /// the 12 packed scale bytes unpacked as ggml's `utmp` words, then widened and
-    /// multiplied eight at a time.
+    /// multiplied eight at a time (calling the scalar `k4_scales` instead made the m=1
+    /// Q4_K product 1.3x slower, 2026-12-05).
     #[inline(always)]
     pub(super) unsafe fn k4_scales(b: &[u8]) -> ([f32; 8], [f32; 8]) {
         let w = |i: usize| u32::from_le_bytes([b[4 + 4 * i], b[5 + 4 * i], b[6 + 4 * i], b[7 + 4 * i]]);
@@ -808,6 +788,39 @@ mod avx2 {
             out
         };
         (widen(sc, f16_le(b)), widen(mn, f16_le(&b[2..])))
+    }
+
+    /// `k4_factors` in registers (`HIGH`: Q5_K, its qh bytes before `qs`): quants from
+    /// 8-byte zero-extending loads, a mask or shift per 8, the fifth bit added per lane.
+    ///
+    /// # Safety
+    /// As `BlockFormat::factors_avx2`.
+    #[inline(always)]
+    pub(super) unsafe fn k4_factors<S: Sink, const HIGH: bool>(b: &[u8], at: usize, sink: &mut S) {
+        let (a, m) = k4_scales(b);
+        let (p, mask, one) = (b.as_ptr(), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(1));
+        let load = |o: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i));
+        let qh: [__m256i; 4] = std::array::from_fn(|c| if HIGH { load(16 + 8 * c) } else { one });
+        let qs = if HIGH { 48 } else { 16 };
+        for g in 0..4 {
+            // Bytes 8c..8c+8 of the group: elements 64g + 8c.. (low nibbles) and
+            // 64g + 32 + 8c.. (high nibbles).
+            let v: [__m256i; 4] = std::array::from_fn(|c| load(qs + 32 * g + 8 * c));
+            // The nibble, plus 16 where bit `bit` of the lane's qh byte is set.
+            let quant = |n: __m256i, h: __m256i, bit: i32| {
+                let n = if HIGH {
+                    let h = _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(bit)), one);
+                    _mm256_add_epi32(n, _mm256_slli_epi32(h, 4))
+                } else {
+                    n
+                };
+                _mm256_cvtepi32_ps(n)
+            };
+            let lo = std::array::from_fn(|c| quant(_mm256_and_si256(v[c], mask), qh[c], 2 * g as i32));
+            let hi = std::array::from_fn(|c| quant(_mm256_srli_epi32(v[c], 4), qh[c], 2 * g as i32 + 1));
+            sink.group::<4, true>(lo, a[2 * g], m[2 * g], at + 64 * g);
+            sink.group::<4, true>(hi, a[2 * g + 1], m[2 * g + 1], at + 64 * g + 32);
+        }
     }
 
     /// `dot_blocks` on AVX2: each block's weights formed in registers and multiplied in.
@@ -945,8 +958,8 @@ mod tests {
     }
 
     /// Plain rows: bitwise `dot_f32` of the widened row. Block formats: `fused`'s order,
-    /// the same bits on every instruction set, within f32 rounding of the dequantised
-    /// row's exact dot product.
+    /// the same bits on every instruction set; without mins bitwise `fused::dots` of the
+    /// dequantised row, with mins (Q4_K, Q5_K) within f32 rounding of its exact dot product.
     #[test]
     fn fused_dot_is_the_dequantized_rows_on_every_isa() {
         let mut rng = ChaCha8Rng::seed_from_u64(12);
@@ -967,6 +980,9 @@ mod tests {
                     );
                     if be == 1 {
                         assert_eq!(got.to_bits(), dot_f32(&w, &x).to_bits(), "{ty} cols {cols}");
+                    } else if !matches!(ty, GgmlType::Q4K | GgmlType::Q5K) {
+                        // Without mins the fused weight is ggml's dequantised one.
+                        assert_eq!(got.to_bits(), fused::dots(&w, [&x])[0].to_bits(), "{ty} cols {cols}");
                     } else {
                         let (want, scale) = reference(&w, &x);
                         let err = (got as f64 - want).abs();
