@@ -364,15 +364,27 @@ void main() {
             continue;
         }
 #endif
-        if (lane == 0u) {
-#define STORE                                                                            \
-    uint row = rowb + r;                                                                 \
-    if (r < RPT && row < pc.rows && t0 + i < n) {                                        \
-        float val = acc[ACC(0u, r, i)];                                                  \
-        GU(precise float hv = silu(val) * acc[ACC(1u, r, i)]; val = hv;)                 \
-        store_out(out_at(row) + out_row(p0 + t0 + i) * pc.out_stride, val);             \
+        // After the tree every lane of the lane group's first subgroup holds every sum, so
+        // its lanes finish the pass's outputs in parallel: lane j takes outputs j, j + sw,
+        // ... (output r·TB + i is row r, token i), picked from the accumulators by
+        // compile-time indices, then the SiLU product and the store (the same operations
+        // on the same sums whichever lane does them, so the same bytes).
+        uint sw = min(gl_SubgroupSize, LANES);
+        for (uint o = lane; lane < sw && o < RPT * TB; o += sw) {
+            float val = 0.0;
+            GU(float up = 0.0;)
+#define PICK                                                                             \
+    if (r < RPT && r * TB + i == o) {                                                    \
+        val = acc[ACC(0u, r, i)];                                                        \
+        GU(up = acc[ACC(1u, r, i)];)                                                     \
     }
-            FOR_R(FOR_I(STORE))
+            FOR_R(FOR_I(PICK))
+            uint row = rowb + o / TB;
+            uint i = o % TB;
+            if (row < pc.rows && t0 + i < n) {
+                GU(precise float hv = silu(val) * up; val = hv;)
+                store_out(out_at(row) + out_row(p0 + t0 + i) * pc.out_stride, val);
+            }
         }
     }
 }
