@@ -153,6 +153,78 @@ shared float red[NA * WG_SIZE];
 shared float red[NACC * TB * WG_SIZE];
 #endif
 
+#ifdef SLICE_W
+#define MATMUL_DOT SLICE_DOT
+#else
+// The chunk loop of main (its lane, nch, wo, uo, wrow, xb, wvec and acc): lane l takes
+// chunks l, l + LANES, ... of every row, UNROLL at a time.
+#define MATMUL_DOT                                                                       \
+    for (uint c0 = lane; c0 < nch; c0 += UNROLL * LANES) {                               \
+        WVEC wq[MAX_UNROLL * MAX_RPT];                                                   \
+        GU(WVEC uq[MAX_UNROLL * MAX_RPT];)                                               \
+        LOAD_CHUNKS                                                                      \
+        FOR_V(CHUNK_STEP)                                                                \
+    }
+// Load chunk c0 + v * LANES of every row (the last chunk again past the end, unused) ...
+#ifndef QUANT
+#define LOAD_CHUNKS                                                                      \
+    if (wvec) {                                                                          \
+        FOR_V(FOR_R(LOAD_VEC))                                                           \
+    } else {                                                                             \
+        FOR_V(FOR_R(LOAD_ANY))                                                           \
+    }
+#else
+#define LOAD_CHUNKS FOR_V(FOR_R(LOAD_ANY))
+#endif
+#define LOAD_VEC                                                                         \
+    if (v < UNROLL && r < RPT) {                                                         \
+        uint c = min(c0 + v * LANES, nch - 1u);                                          \
+        wq[v * MAX_RPT + r] = w4[(wo + wrow[r]) / CHUNK + c];                            \
+        GU(uq[v * MAX_RPT + r] = u4[(uo + wrow[r]) / CHUNK + c];)                        \
+    }
+#define LOAD_ANY                                                                         \
+    if (v < UNROLL && r < RPT) {                                                         \
+        uint e = min(c0 + v * LANES, nch - 1u) * CHUNK;                                  \
+        wq[v * MAX_RPT + r] = LOAD_W(wo + wrow[r], e);                                   \
+        GU(uq[v * MAX_RPT + r] = LOAD_U(uo + wrow[r], e);)                               \
+    }
+// ... then use them: chunk v, token i, row r, element q, in the order of common.glsl for
+// each accumulator.
+#define CHUNK_STEP                                                                       \
+    if (v < UNROLL && c0 + v * LANES < nch) {                                            \
+        uint e = (c0 + v * LANES) * CHUNK;                                               \
+        float wv[MAX_RPT][CHUNK];                                                        \
+        GU(float uv[MAX_RPT][CHUNK];)                                                    \
+        FOR_R(UNPACK)                                                                    \
+        FOR_I(TOKEN)                                                                     \
+    }
+#define UNPACK                                                                           \
+    unpack(wq[v * MAX_RPT + r], wv[r]);                                                  \
+    GU(unpack(uq[v * MAX_RPT + r], uv[r]);)
+// Inputs e .. e + CHUNK - 1 of token i, element q in xq[q / 4][q % 4] (vec4 loads where
+// aligned, XV, else one by one).
+#define TOKEN                                                                            \
+    vec4 xq[CHUNK / 4u];                                                                 \
+    if (XV) {                                                                            \
+        FOR_Q(X_VEC)                                                                     \
+    } else {                                                                             \
+        FOR_Q(X_SCALAR)                                                                  \
+    }                                                                                    \
+    FOR_R(ROW)
+#define X_VEC                                                                            \
+    if (q % 4u == 0u) {                                                                  \
+        xq[q / 4u] = act4[(xb[i] + e + q) >> 2];                                         \
+    }
+#define X_SCALAR xq[q / 4u][q % 4u] = ACT(xb[i] + e + q);
+#define ROW                                                                              \
+    if (r < RPT) {                                                                       \
+        FOR_Q(MAC)                                                                       \
+    }
+#define MAC                                                                              \
+    acc[ACC(0u, r, i)] = fma(wv[r][q], xq[q / 4u][q % 4u], acc[ACC(0u, r, i)]);          \
+    GU(acc[ACC(1u, r, i)] = fma(uv[r][q], xq[q / 4u][q % 4u], acc[ACC(1u, r, i)]);)
+#endif
+
 #ifdef EMBED
 // Embedding lookup: out[t][j] = W[route_u[map_off + t] - x_off][j] for the m tokens whose
 // ids fall in the bound rows x_off .. x_off + rows - 1 (a large table is bound in several
@@ -225,72 +297,18 @@ void main() {
         uint xb[TB];
 #define XB xb[i] = pc.x_off + x_row(p0 + min(t0 + i, n - 1u)) * pc.x_stride;
         FOR_I(XB)
-#ifdef SLICE_W
-        SLICE_DOT
-#else
-        for (uint c0 = lane; c0 < nch; c0 += UNROLL * LANES) {
-            // Load chunk c0 + v * LANES of every row (the last chunk again past the end,
-            // unused) ...
-            WVEC wq[MAX_UNROLL * MAX_RPT];
-            GU(WVEC uq[MAX_UNROLL * MAX_RPT];)
-#ifndef QUANT
-            if (wvec) {
-#define LOAD_VEC                                                                         \
-    if (v < UNROLL && r < RPT) {                                                         \
-        uint c = min(c0 + v * LANES, nch - 1u);                                          \
-        wq[v * MAX_RPT + r] = w4[(wo + wrow[r]) / CHUNK + c];                            \
-        GU(uq[v * MAX_RPT + r] = u4[(uo + wrow[r]) / CHUNK + c];)                        \
-    }
-                FOR_V(FOR_R(LOAD_VEC))
-            } else
-#endif
-            {
-#define LOAD_ANY                                                                         \
-    if (v < UNROLL && r < RPT) {                                                         \
-        uint e = min(c0 + v * LANES, nch - 1u) * CHUNK;                                  \
-        wq[v * MAX_RPT + r] = LOAD_W(wo + wrow[r], e);                                   \
-        GU(uq[v * MAX_RPT + r] = LOAD_U(uo + wrow[r], e);)                               \
-    }
-                FOR_V(FOR_R(LOAD_ANY))
-            }
-            // ... then use them: chunk v, token i, row r, element q, in the order of
-            // common.glsl for each accumulator.
-#define CHUNK_STEP                                                                       \
-    if (v < UNROLL && c0 + v * LANES < nch) {                                            \
-        uint e = (c0 + v * LANES) * CHUNK;                                               \
-        float wv[MAX_RPT][CHUNK];                                                        \
-        GU(float uv[MAX_RPT][CHUNK];)                                                    \
-        FOR_R(UNPACK)                                                                    \
-        FOR_I(TOKEN)                                                                     \
-    }
-#define UNPACK                                                                           \
-    unpack(wq[v * MAX_RPT + r], wv[r]);                                                  \
-    GU(unpack(uq[v * MAX_RPT + r], uv[r]);)
-// Inputs e .. e + CHUNK - 1 of token i, element q in xq[q / 4][q % 4] (vec4 loads where
-// aligned, else one by one).
-#define TOKEN                                                                            \
-    vec4 xq[CHUNK / 4u];                                                                 \
-    if (xvec) {                                                                          \
-        FOR_Q(X_VEC)                                                                     \
-    } else {                                                                             \
-        FOR_Q(X_SCALAR)                                                                  \
-    }                                                                                    \
-    FOR_R(ROW)
-#define X_VEC                                                                            \
-    if (q % 4u == 0u) {                                                                  \
-        xq[q / 4u] = act4[(xb[i] + e + q) >> 2];                                         \
-    }
-#define X_SCALAR xq[q / 4u][q % 4u] = ACT(xb[i] + e + q);
-#define ROW                                                                              \
-    if (r < RPT) {                                                                       \
-        FOR_Q(MAC)                                                                       \
-    }
-#define MAC                                                                              \
-    acc[ACC(0u, r, i)] = fma(wv[r][q], xq[q / 4u][q % 4u], acc[ACC(0u, r, i)]);          \
-    GU(acc[ACC(1u, r, i)] = fma(uv[r][q], xq[q / 4u][q % 4u], acc[ACC(1u, r, i)]);)
-            FOR_V(CHUNK_STEP)
+        // The input loads' alignment test sits outside the loops (the dot product is
+        // written twice, with XV a constant), so no branch separates a token's loads from
+        // the previous token's products.
+        if (xvec) {
+#define XV true
+            MATMUL_DOT
+#undef XV
+        } else {
+#define XV false
+            MATMUL_DOT
+#undef XV
         }
-#endif
 #ifndef QUANT
         if (lane == 0u) {
             for (uint e = nch * CHUNK; e < pc.cols; e++) {

@@ -209,7 +209,7 @@ void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
 #define XS(code)
 #endif
 
-// The slice loop of matmul.comp's main (its wo, uo, wrow, xb, xvec and acc).
+// The slice loop of matmul.comp's main (its wo, uo, wrow, xb, acc and XV).
 #define SLICE_DOT                                                                         \
     bool vec16 = wo % 16u == 0u && uo % 16u == 0u;                                        \
     for (uint s = lane; s < pc.cols / SLICE_W; s += LANES) {                              \
@@ -236,9 +236,9 @@ void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
     if (r < RPT) {                                                                        \
         GROUP_QUANTS(r * NACC + k, g, qf[r * NACC + k]);                                  \
     }
-// A group's 16 inputs from act offset `at` into xq[0..3] (vec4 loads where `xvec`).
+// A group's 16 inputs from act offset `at` into xq[0..3] (vec4 loads where aligned, XV).
 #define GROUP_INPUTS(at, xq)                                                              \
-    if (xvec) {                                                                           \
+    if (XV) {                                                                             \
         FOR4(c, xq[c] = act4[((at) >> 2) + c];)                                           \
     } else {                                                                              \
         FOR4(c, FOR4(b, xq[c][b] = ACT((at) + 4u * c + b);))                              \
