@@ -2,9 +2,10 @@
 // Dense projection: out[t][row] = W[row] . x[t] for m tokens (row-major W of one weight
 // type: f32, or with BF16 / F16 16-bit floats, or with Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K
 // ggml blocks dequantised in registers by quant.glsl).
-// TB = tokens per pass: 1 is the m=1 matvec, 8 the token-batched sibling that reuses each
-// weight chunk for 8 tokens. Both follow common.glsl's summation order exactly, so they
-// give the same bytes for every element.
+// TB = tokens per pass: 1 is the m=1 matvec, 4 (float weights) or 8 (block formats, whose
+// decode is shared by the pass's tokens) the token-batched sibling that reuses each weight
+// chunk for TB tokens (shaders.txt sets it per module). All follow common.glsl's summation
+// order exactly, so they give the same bytes for every element.
 // With GATE_UP the same shape computes the fused SwiGLU front half of an FFN:
 // out[t][row] = silu(Wg[row] . x[t]) * (Wu[row] . x[t]).
 //
@@ -60,10 +61,12 @@ layout(constant_id = 2) const uint LANES = 32u;  // lanes per row (power of two 
 #define FOR_R(B) FOR4(r, B) // row r < MAX_RPT of a lane group
 #if TB == 8
 #define FOR_I(B) FOR8(i, B) // token i < TB of a pass
+#elif TB == 4
+#define FOR_I(B) FOR4(i, B)
 #elif TB == 1
 #define FOR_I(B) FOR1(i, B)
 #else
-#error TB must be 1 or 8
+#error TB must be 1, 4 or 8
 #endif
 
 #if defined(Q8_0) || defined(Q4_0) || defined(Q4_K) || defined(Q5_K) || defined(Q6_K)

@@ -123,8 +123,8 @@ impl MatmulArgs {
 
     /// These arguments for kernel `k` over `m` tokens, batched: without [`FLAG_TABLE`]
     /// the tokens are split over workgroup rows until the dispatch has about
-    /// [`SPLIT_WORKGROUPS`] workgroups. A workgroup loops over its tokens eight at a time
-    /// and reloads the weights for each eight, so the split costs no extra loads beyond
+    /// [`SPLIT_WORKGROUPS`] workgroups. A workgroup loops over its tokens a pass at a time
+    /// and reloads the weights for each pass, so the split costs no extra loads beyond
     /// cache; without it a narrow product (a router's 128 rows: 16 workgroups) left most
     /// of a GPU idle for a whole prefill chunk.
     fn split_tokens(mut self, k: &Kernel) -> Self {
@@ -138,7 +138,9 @@ impl MatmulArgs {
     }
 }
 
-/// Tokens a token-batched kernel takes per pass (`TB` in `shaders/matmul.comp`).
+/// The span unit of a token split: a multiple of the tokens every token-batched kernel
+/// takes per pass (`TB` in `shaders/matmul.comp`: 4 for float weights, 8 for block
+/// formats), so a span is whole passes.
 const BATCH_TOKENS: u32 = 8;
 
 /// Workgroups a token-batched dense product is split to (see [`MatmulArgs::split_tokens`]).
