@@ -60,8 +60,8 @@ pub struct MatmulTuning {
     /// the input.
     pub rows_wide: u32,
     /// Rows per lane group of the token-batched kernels for float weights (1..=4;
-    /// prefill's dense and expert products): each lane's load of 8 tokens' inputs serves
-    /// this many rows.
+    /// prefill's dense and expert products): each lane's load of a pass's inputs (4
+    /// tokens' for float weights, 8 for block formats) serves this many rows.
     pub rows_batched: u32,
     /// The same for weights in ggml block formats (1..=4), whose dequantisation holds more
     /// registers per row.
