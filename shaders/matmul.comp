@@ -330,7 +330,8 @@ void main() {
         }
 #endif
         // The fixed tree of common.glsl: strides of at least the subgroup size through
-        // shared memory, smaller ones by butterfly shuffles (the same sums in lane 0).
+        // shared memory, smaller ones by butterfly shuffles (the same sums in lane 0, and
+        // in every lane of the lane group's first subgroup: the tail below relies on it).
         // The shared strides take one row of the lane group at a time (a row's accumulators
         // fill red), so the batched kernels' red stays one row's size whatever their rows.
         uint s = LANES / 2u;
