@@ -204,7 +204,7 @@ pub(super) mod avx2 {
 
     /// A 16-lane accumulator (lanes 0..8 and 8..16) combined in the fixed tree.
     #[inline(always)]
-    unsafe fn sum(a: [__m256; 2]) -> f32 {
+    pub(crate) unsafe fn sum(a: [__m256; 2]) -> f32 {
         let mut lanes = [0.0f32; LANES];
         _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
         _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);

@@ -317,7 +317,9 @@ thread_local! {
 /// block-format matrix (not f16: F16C widens it as it goes) with [`DECODE_ONCE`] tokens
 /// or more has each block of rows' weights formed once ([`QuantMatrix::fuse_rows`]) and
 /// multiplied by [`fused::dots`], the very accumulation of the in-register product, so
-/// the bytes are those of [`row_dot`].
+/// the bytes are those of [`row_dot`]; with AVX2 four tokens at a time go over a block's
+/// fused rows a chunk of columns at a time ([`super::panels`]), the same operations in the
+/// same order.
 pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
     let (rows, cols) = (w.rows, w.cols);
     debug_assert_eq!(xs.len(), m * cols);
@@ -337,27 +339,38 @@ pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
         _ => None,
     };
     let xs = &xs[..m * cols];
+    #[cfg(target_arch = "x86_64")]
+    let panels =
+        (decode_once.is_some() && fused::avx2::present()).then(|| super::panels::Panels::new(xs, m, cols));
     let work = |b: usize| {
         let (r0, r1) = (b * block, ((b + 1) * block).min(rows));
         if let Some(q) = &decode_once {
             DECODED.with_borrow_mut(|w| {
                 assert!(q.fuse_rows(r0..r1, w), "a block format fuses its rows");
-                let row = |r: usize| &w[r * cols..(r + 1) * cols];
-                out.rows_times(
-                    0..r1 - r0,
-                    r0,
-                    xs,
-                    cols,
-                    |r, x| fused::dots(row(r), x),
-                    |r, x| {
-                        let [v] = fused::dots(row(r), [x]);
-                        v
-                    },
-                );
+                let row = |r: usize| &w[(r - r0) * cols..(r - r0 + 1) * cols];
+                let dot = |r: usize, x: &[f32]| {
+                    let [v] = fused::dots(row(r), [x]);
+                    v
+                };
+                #[cfg(target_arch = "x86_64")]
+                if let Some(p) = &panels {
+                    // SAFETY: `Panels` are made only where AVX2 and FMA are present.
+                    let four = |t: usize, _: [&[f32]; 4], put: &mut dyn FnMut(usize, [f32; 4])| unsafe {
+                        super::panels::fused_rows4(w, r1 - r0, p, t, |r, v| put(r0 + r, v))
+                    };
+                    return out.rows_times(r0..r1, xs, cols, four, dot);
+                }
+                let four = |_: usize, x: [&[f32]; 4], put: &mut dyn FnMut(usize, [f32; 4])| {
+                    (r0..r1).for_each(|r| put(r, fused::dots(row(r), x)))
+                };
+                out.rows_times(r0..r1, xs, cols, four, dot);
             });
-        } else {
-            out.rows_times(r0..r1, 0, xs, cols, |r, x| row_dot4(w, r, x), |r, x| row_dot(w, r, x));
+            return;
         }
+        let four = |_: usize, x: [&[f32]; 4], put: &mut dyn FnMut(usize, [f32; 4])| {
+            (r0..r1).for_each(|r| put(r, row_dot4(w, r, x)))
+        };
+        out.rows_times(r0..r1, xs, cols, four, |r, x| row_dot(w, r, x));
     };
     if rows * cols * m < PAR_THRESHOLD {
         (0..nblocks).for_each(work);
@@ -374,36 +387,36 @@ struct Strip {
 }
 
 impl Strip {
-    /// Rows `rs` times each of the vectors of `xs` (`cols` elements each), by `dot4`
-    /// (four vectors) and `dot` (one), into output columns `rs + shift`, which the calling
-    /// task owns (no other task writes them meanwhile).
+    /// Rows `rs` times each of the vectors of `xs` (`cols` elements each), by `four`
+    /// (tokens `t..t + 4` given, with the rows of `xs`, every row of `rs` `put` once) and
+    /// `dot` (one row, one vector), into output columns `rs`, which the calling task owns
+    /// (no other task writes them meanwhile).
     fn rows_times(
         self,
         rs: std::ops::Range<usize>,
-        shift: usize,
         xs: &[f32],
         cols: usize,
-        dot4: impl Fn(usize, [&[f32]; 4]) -> [f32; 4],
+        four: impl Fn(usize, [&[f32]; 4], &mut dyn FnMut(usize, [f32; 4])),
         dot: impl Fn(usize, &[f32]) -> f32,
     ) {
         let m = xs.len().checked_div(cols).unwrap_or(0);
-        assert!(xs.len() == m * cols && rs.end + shift <= self.rows, "a strip out of bounds");
+        assert!(xs.len() == m * cols && rs.end <= self.rows, "a strip out of bounds");
         let put = |t: usize, r: usize, v: f32| {
-            // SAFETY: `t < m` and `r + shift < rows`, and (t, r) pairs are disjoint across
-            // tasks since their row ranges are.
-            unsafe { *self.ptr.get().add(t * self.rows + r + shift) = v };
+            assert!(rs.contains(&r), "row {r} outside the task's rows {rs:?}");
+            // SAFETY: `t < m` and `r < rows`, and (t, r) pairs are disjoint across tasks
+            // since their row ranges are.
+            unsafe { *self.ptr.get().add(t * self.rows + r) = v };
         };
         // Four tokens share each pass over a weight row (one load and widening of the
         // weights feeds four dot products); each dot product is still the m=1 one.
         let mut t = 0;
         while t + 4 <= m {
             let x = |i: usize| &xs[(t + i) * cols..(t + i + 1) * cols];
-            let group = [x(0), x(1), x(2), x(3)];
-            for r in rs.clone() {
-                for (i, v) in dot4(r, group).into_iter().enumerate() {
+            four(t, [x(0), x(1), x(2), x(3)], &mut |r, v| {
+                for (i, v) in v.into_iter().enumerate() {
                     put(t + i, r, v);
                 }
-            }
+            });
             t += 4;
         }
         for t in t..m {
@@ -512,6 +525,8 @@ mod tests {
                 (40, 1024, 1),
                 (70, 512, 8),
                 (300, 256, 16),
+                // Three column chunks of a K-blocked product (the last one partial).
+                (20, 1280, 9),
             ] {
                 let wf = rand_vec(&mut rng, rows * cols);
                 let mut bytes = Vec::new();

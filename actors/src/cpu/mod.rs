@@ -7,6 +7,8 @@ pub mod delta;
 pub mod fused;
 pub mod kernels;
 mod kv;
+#[cfg(target_arch = "x86_64")]
+mod panels;
 pub mod quant;
 pub mod quantize;
 
