@@ -3,6 +3,7 @@
 //! block; per row, a block of m tokens runs the same kernels in the same order as a
 //! single token, so layer-major prefill is byte-identical to token-serial replay.
 
+mod attend;
 pub mod delta;
 pub mod fused;
 pub mod kernels;
@@ -14,7 +15,6 @@ pub mod quantize;
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
 use smoe_proto::{ExpertHandle, GateInput, HybridConfig, PartLayout, RouteJob};
 
 pub use kv::KvCache;
@@ -23,7 +23,7 @@ use crate::contract::{Backend, Flush, ForwardError, Plane, Write};
 use crate::model::Model;
 use crate::tensor::WeightView;
 use crate::vault::TensorRef;
-use kernels::{dot_f32, matmul, matvec, rmsnorm, rmsnorm_inplace, row_to_f32, silu, softmax_inplace};
+use kernels::{matmul, matvec, rmsnorm, rmsnorm_inplace, row_to_f32, silu};
 
 /// Host buffers sized once for `max_rows` tokens; reused by every call.
 struct Scratch {
@@ -39,8 +39,6 @@ struct Scratch {
     ysub: Vec<f32>,
     /// Every (token, rank) pair's expert output.
     yk: Vec<f32>,
-    /// Attention scores, one context-long row per head.
-    scores: Vec<f32>,
     /// The LM head's output.
     logits: Vec<f32>,
     /// One row's normalised DeltaNet queries and keys.
@@ -75,7 +73,6 @@ impl CpuBackend {
             xsub: vec![0.0; m * c.hidden_size],
             ysub: vec![0.0; m * c.hidden_size],
             yk: vec![0.0; m * k * c.hidden_size],
-            scores: vec![0.0; c.num_attention_heads * model.max_context],
             logits: vec![0.0; c.vocab_size],
             qk: vec![0.0; hy.map_or(0, |h| 2 * h.key_dim())],
             mem: vec![0.0; hy.map_or(0, HybridConfig::value_dim)],
@@ -194,41 +191,14 @@ impl Backend for CpuBackend {
         start: usize,
         rows: usize,
     ) -> Result<(), ForwardError> {
-        let model = &self.model;
-        let cfg = &model.cfg;
-        let (hd, qd, kvd) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
-        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
-        let ctx = model.max_context;
-        let s = &mut self.s;
-        let [_, _, q, _, _, attn, ..] = &mut s.planes;
-        for t in 0..rows {
-            let n = start + t + 1;
-            let q = &q[t * qd..(t + 1) * qd];
-            let out = &mut attn[t * qd..(t + 1) * qd];
-            let per_head = |(head, (scores, o)): (usize, (&mut [f32], &mut [f32]))| {
-                let g = head / group;
-                let qh = &q[head * hd..(head + 1) * hd];
-                let sc = &mut scores[..n];
-                for (j, v) in sc.iter_mut().enumerate() {
-                    *v = dot_f32(qh, &kc[j * kvd + g * hd..j * kvd + (g + 1) * hd]) * scale;
-                }
-                softmax_inplace(sc);
-                o.fill(0.0);
-                for (j, &p) in sc.iter().enumerate() {
-                    let vj = &vc[j * kvd + g * hd..j * kvd + (g + 1) * hd];
-                    for (od, &vd) in o.iter_mut().zip(vj) {
-                        *od += p * vd;
-                    }
-                }
-            };
-            if n * qd < 1 << 14 {
-                s.scores.chunks_mut(ctx).zip(out.chunks_exact_mut(hd)).enumerate().for_each(per_head);
-            } else {
-                s.scores.par_chunks_mut(ctx).zip(out.par_chunks_exact_mut(hd)).enumerate().for_each(per_head);
-            }
-        }
+        let cfg = &self.model.cfg;
+        let heads = attend::Heads {
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+        };
+        let [_, _, q, _, _, attn, ..] = &mut self.s.planes;
+        attend::causal(&heads, q, &kv.k[layer], &kv.v[layer], start, rows, attn);
         Ok(())
     }
 

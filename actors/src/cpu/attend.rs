@@ -1,0 +1,306 @@
+//! Causal softmax attention of a block of query tokens against the KV cache, with every
+//! key and value row read once for several queries.
+//!
+//! For query `q` at position `p` the result is, in this order: `s_j = dot_f32(q, k_j) ·
+//! scale` for `j ≤ p`, the softmax of `s` ([`softmax_inplace`]), then `o = Σ_j s_j · v_j`
+//! summed in `j` order from zero, each element multiplied then added. A query's result
+//! does not depend on which other queries share its pass, so a token attends alike in a
+//! prefill block and in token-serial decode.
+//!
+//! A 2048-token CPU prefill spent about half its time here. A task takes up to [`TOKENS`]
+//! consecutive tokens and all query heads of one key/value head, and walks the keys in
+//! chunks of [`KEYS`] rows, so each key and value row is read once per task; four keys'
+//! scores are formed side by side (the lanes' tree after a transpose), and a chunk of
+//! value rows is weighed into 64 outputs held in registers. Blocking alone measured level;
+//! the vector loops gave the gain (`bench/results/cpu-attention-2026-12-05.txt`).
+
+use rayon::prelude::*;
+
+use super::kernels::{dot_f32, softmax_inplace};
+
+/// Query tokens a task takes.
+const TOKENS: usize = 4;
+/// Key (or value) rows a chunk holds for all the task's queries.
+const KEYS: usize = 32;
+
+/// The attention geometry of a layer.
+pub(super) struct Heads {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (each serving `heads / kv_heads` query heads).
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+}
+
+thread_local! {
+    /// A rayon worker's scores: one row per query of its task, as long as the keys.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Attention of `rows` query tokens at positions `start..start + rows` (`q`: `rows ×
+/// heads·head_dim`) against keys and values `k`, `v` (`position × kv_heads·head_dim`,
+/// holding at least `start + rows` positions) into `out` (like `q`).
+pub(super) fn causal(h: &Heads, q: &[f32], k: &[f32], v: &[f32], start: usize, rows: usize, out: &mut [f32]) {
+    let (hd, group) = (h.head_dim, h.heads / h.kv_heads);
+    let (qd, kvd) = (h.heads * hd, h.kv_heads * hd);
+    assert!(
+        q.len() >= rows * qd
+            && out.len() >= rows * qd
+            && k.len() >= (start + rows) * kvd
+            && v.len() >= (start + rows) * kvd
+    );
+    let scale = 1.0 / (hd as f32).sqrt();
+    let blocks = rows.div_ceil(TOKENS);
+    let out = Out(out.as_mut_ptr());
+    let task = |i: usize| {
+        let (b, g) = (i / h.kv_heads, i % h.kv_heads);
+        let tokens = b * TOKENS..((b + 1) * TOKENS).min(rows);
+        // The task's queries, token-major: (token t, head g·group + e).
+        let queries: Vec<(usize, usize)> =
+            tokens.clone().flat_map(|t| (0..group).map(move |e| (t, g * group + e))).collect();
+        let keys = |t: usize| start + t + 1;
+        let n = keys(tokens.end - 1);
+        SCORES.with_borrow_mut(|sc| {
+            sc.clear();
+            sc.resize(queries.len() * n, 0.0);
+            for j0 in (0..n).step_by(KEYS) {
+                for (r, &(t, hh)) in queries.iter().enumerate() {
+                    let qh = &q[t * qd + hh * hd..t * qd + (hh + 1) * hd];
+                    let js = j0..(j0 + KEYS).min(keys(t));
+                    score_keys(qh, k, kvd, g * hd, js, scale, &mut sc[r * n..r * n + n]);
+                }
+            }
+            let mut o = vec![0.0f32; queries.len() * hd];
+            for (r, &(t, _)) in queries.iter().enumerate() {
+                softmax_inplace(&mut sc[r * n..r * n + keys(t)]);
+            }
+            for j0 in (0..n).step_by(KEYS) {
+                for (r, &(t, _)) in queries.iter().enumerate() {
+                    let js = j0..(j0 + KEYS).min(keys(t));
+                    weigh_values(&mut o[r * hd..(r + 1) * hd], &sc[r * n..r * n + n], v, kvd, g * hd, js);
+                }
+            }
+            for (r, &(t, hh)) in queries.iter().enumerate() {
+                // SAFETY: (token, head) pairs are disjoint across tasks, and `out` holds
+                // `rows × qd` elements (checked above).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(o[r * hd..].as_ptr(), out.at(t * qd + hh * hd), hd);
+                }
+            }
+        });
+    };
+    let tasks = blocks * h.kv_heads;
+    if rows * qd * (start + rows) < 1 << 16 {
+        (0..tasks).for_each(task);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
+}
+
+/// `s[j] = dot_f32(q, k_j) · scale` for each key row `k_j` (`q.len()` values at
+/// `j·stride + off` of `k`) of `js`.
+fn score_keys(
+    q: &[f32],
+    k: &[f32],
+    stride: usize,
+    off: usize,
+    js: std::ops::Range<usize>,
+    scale: f32,
+    s: &mut [f32],
+) {
+    let hd = q.len();
+    let row = |j: usize| &k[j * stride + off..j * stride + off + hd];
+    let mut j = js.start;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        while j + 4 <= js.end {
+            let rows = [row(j), row(j + 1), row(j + 2), row(j + 3)];
+            // SAFETY: AVX2 is present; every row has `q`'s length.
+            let d = unsafe { dot4_keys_avx2(q, rows) };
+            for (i, d) in d.into_iter().enumerate() {
+                s[j + i] = d * scale;
+            }
+            j += 4;
+        }
+    }
+    for (j, s) in s[..js.end].iter_mut().enumerate().skip(j) {
+        *s = dot_f32(q, row(j)) * scale;
+    }
+}
+
+/// [`dot_f32`] of `q` with four rows at once, each bitwise the single dot product: the
+/// same 16-lane products and sums, and the lanes combined in its tree
+/// (`((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` of `lᵢ = lane i + lane i+8`) for the four rows
+/// side by side after a 4 × 4 transpose; the tail beyond the lanes added last, in order.
+///
+/// # Safety
+/// AVX2 is present; every row has `q`'s length.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot4_keys_avx2(q: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let n = q.len() / 16 * 16;
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    let qp = q.as_ptr();
+    let mut i = 0;
+    while i < n {
+        let (q0, q1) = (_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(qp.add(i + 8)));
+        for (a, r) in acc.iter_mut().zip(&rows) {
+            a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(_mm256_loadu_ps(r.as_ptr().add(i)), q0));
+            a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(_mm256_loadu_ps(r.as_ptr().add(i + 8)), q1));
+        }
+        i += 16;
+    }
+    // Per row: lanes 0..8 plus lanes 8..16, then the 8-wide halves added (lᵢ + lᵢ₊₄).
+    let b = acc.map(|a| {
+        let s = _mm256_add_ps(a[0], a[1]);
+        _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1))
+    });
+    // Transpose: t[i] holds element i of the four rows' b.
+    let (x0, x1) = (_mm_unpacklo_ps(b[0], b[1]), _mm_unpackhi_ps(b[0], b[1]));
+    let (x2, x3) = (_mm_unpacklo_ps(b[2], b[3]), _mm_unpackhi_ps(b[2], b[3]));
+    let t = [_mm_movelh_ps(x0, x2), _mm_movehl_ps(x2, x0), _mm_movelh_ps(x1, x3), _mm_movehl_ps(x3, x1)];
+    let d = _mm_add_ps(_mm_add_ps(t[0], t[2]), _mm_add_ps(t[1], t[3]));
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), d);
+    for (o, r) in out.iter_mut().zip(&rows) {
+        for (w, x) in r[n..].iter().zip(&q[n..]) {
+            *o += w * x;
+        }
+    }
+    out
+}
+
+/// `o[d] += p[j] · v[j·stride + off + d]` for each `j` of `js` in order, each element
+/// multiplied then added (so a vector lane does what the scalar loop does).
+fn weigh_values(o: &mut [f32], p: &[f32], v: &[f32], stride: usize, off: usize, js: std::ops::Range<usize>) {
+    assert!(js.end <= p.len() && (js.end == 0 || (js.end - 1) * stride + off + o.len() <= v.len()));
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present; the rows are in bounds (checked above).
+        return unsafe { weigh_values_avx2(o, p, v, stride, off, js) };
+    }
+    for j in js {
+        for (od, &vd) in o.iter_mut().zip(&v[j * stride + off..]) {
+            *od += p[j] * vd;
+        }
+    }
+}
+
+/// [`weigh_values`] with 64 elements of `o` held in eight registers while the rows pass.
+///
+/// # Safety
+/// AVX2 is present; every row `j` of `js` holds `o.len()` values at `j·stride + off`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn weigh_values_avx2(
+    o: &mut [f32],
+    p: &[f32],
+    v: &[f32],
+    stride: usize,
+    off: usize,
+    js: std::ops::Range<usize>,
+) {
+    use std::arch::x86_64::*;
+    const W: usize = 64;
+    let whole = o.len() / W * W;
+    for d0 in (0..whole).step_by(W) {
+        let op = o.as_mut_ptr().add(d0);
+        let mut acc: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(op.add(8 * i)));
+        for j in js.clone() {
+            let pj = _mm256_set1_ps(p[j]);
+            let vp = v.as_ptr().add(j * stride + off + d0);
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(pj, _mm256_loadu_ps(vp.add(8 * i))));
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(op.add(8 * i), *a);
+        }
+    }
+    for j in js {
+        for (od, &vd) in o[whole..].iter_mut().zip(&v[j * stride + off + whole..]) {
+            *od += p[j] * vd;
+        }
+    }
+}
+
+/// The output, written by tasks that own disjoint (token, head) rows.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+
+// SAFETY: tasks write disjoint elements through it (see `causal`).
+unsafe impl Send for Out {}
+// SAFETY: as above.
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The element at `i` (a method, so closures capture the whole `Out`).
+    fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: callers stay inside the slice `Out` was made from.
+        unsafe { self.0.add(i) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn rand_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn a_block_of_tokens_attends_as_each_token_alone() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        // Head widths with and without a 16- and 64-element tail; one and four heads a group.
+        for (heads, kv_heads, head_dim) in [(8, 2, 24), (4, 4, 64), (8, 2, 136), (2, 1, 128)] {
+            let h = Heads { heads, kv_heads, head_dim };
+            let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
+            let (start, rows) = (37, 11);
+            let q = rand_vec(&mut rng, rows * qd);
+            let (k, v) = (rand_vec(&mut rng, (start + rows) * kvd), rand_vec(&mut rng, (start + rows) * kvd));
+            let mut block = vec![0.0; rows * qd];
+            causal(&h, &q, &k, &v, start, rows, &mut block);
+            for t in 0..rows {
+                let mut one = vec![0.0; qd];
+                causal(&h, &q[t * qd..(t + 1) * qd], &k, &v, start + t, 1, &mut one);
+                assert_eq!(
+                    bits(&one),
+                    bits(&block[t * qd..(t + 1) * qd]),
+                    "{heads}/{kv_heads}×{head_dim} token {t}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn four_keys_score_as_dot_f32_and_values_weigh_as_the_scalar_loop() {
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        for hd in [8, 16, 24, 64, 128, 136] {
+            let q = rand_vec(&mut rng, hd);
+            let k = rand_vec(&mut rng, 9 * hd);
+            let mut s = vec![0.0; 9];
+            score_keys(&q, &k, hd, 0, 0..9, 0.25, &mut s);
+            let one: Vec<f32> = (0..9).map(|j| dot_f32(&q, &k[j * hd..(j + 1) * hd]) * 0.25).collect();
+            assert_eq!(bits(&s), bits(&one), "scores, head {hd}");
+            let p = rand_vec(&mut rng, 9);
+            let mut o = rand_vec(&mut rng, hd);
+            let mut scalar = o.clone();
+            weigh_values(&mut o, &p, &k, hd, 0, 2..9);
+            for j in 2..9 {
+                for (d, od) in scalar.iter_mut().enumerate() {
+                    *od += p[j] * k[j * hd + d];
+                }
+            }
+            assert_eq!(bits(&o), bits(&scalar), "values, head {hd}");
+        }
+    }
+}
