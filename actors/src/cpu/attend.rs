@@ -8,11 +8,12 @@
 //! prefill block and in token-serial decode.
 //!
 //! A 2048-token CPU prefill spent about half its time here. A task takes up to [`TOKENS`]
-//! consecutive tokens and all query heads of one key/value head, and walks the keys in
-//! chunks of [`KEYS`] rows, so each key and value row is read once per task; four keys'
-//! scores are formed side by side (the lanes' tree after a transpose), and a chunk of
-//! value rows is weighed into 64 outputs held in registers. Blocking alone measured level;
-//! the vector loops gave the gain (`bench/results/cpu-attention-2026-12-05.txt`).
+//! consecutive tokens and the query heads of one key/value head (all of them, unless that
+//! leaves threads idle, as in decode), and walks the keys in chunks of [`KEYS`] rows, so
+//! each key and value row is read once per task; four keys' scores are formed side by side
+//! (the lanes' tree after a transpose), and a chunk of value rows is weighed into 64
+//! outputs held in registers. Blocking alone measured level; the vector loops gave the
+//! gain (`bench/results/cpu-attention-2026-12-05.txt`).
 
 use rayon::prelude::*;
 
@@ -52,13 +53,19 @@ pub(super) fn causal(h: &Heads, q: &[f32], k: &[f32], v: &[f32], start: usize, r
     );
     let scale = 1.0 / (hd as f32).sqrt();
     let blocks = rows.div_ceil(TOKENS);
+    // A task takes all heads of a group, unless that would leave threads idle (decode: one
+    // block of one token): then the fewest parts of a group that occupy every thread.
+    let threads = rayon::current_num_threads();
+    let parts = (1..=group).find(|d| group % d == 0 && blocks * h.kv_heads * d >= threads).unwrap_or(group);
+    let per = group / parts;
     let out = Out(out.as_mut_ptr());
     let task = |i: usize| {
-        let (b, g) = (i / h.kv_heads, i % h.kv_heads);
+        let (b, g, part) = (i / (h.kv_heads * parts), i / parts % h.kv_heads, i % parts);
         let tokens = b * TOKENS..((b + 1) * TOKENS).min(rows);
-        // The task's queries, token-major: (token t, head g·group + e).
+        // The task's queries, token-major: (token t, head g·group + part·per + e).
+        let first = g * group + part * per;
         let queries: Vec<(usize, usize)> =
-            tokens.clone().flat_map(|t| (0..group).map(move |e| (t, g * group + e))).collect();
+            tokens.clone().flat_map(|t| (0..per).map(move |e| (t, first + e))).collect();
         let keys = |t: usize| start + t + 1;
         let n = keys(tokens.end - 1);
         SCORES.with_borrow_mut(|sc| {
@@ -90,7 +97,7 @@ pub(super) fn causal(h: &Heads, q: &[f32], k: &[f32], v: &[f32], start: usize, r
             }
         });
     };
-    let tasks = blocks * h.kv_heads;
+    let tasks = blocks * h.kv_heads * parts;
     if rows * qd * (start + rows) < 1 << 16 {
         (0..tasks).for_each(task);
     } else {

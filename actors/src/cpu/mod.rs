@@ -54,8 +54,9 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// A backend for blocks of up to `max_rows` tokens of `model`. All scratch is
-    /// allocated here.
+    /// A backend for blocks of up to `max_rows` tokens of `model`. The activation planes
+    /// and scratch are allocated here; the attention's scores and a batched product's
+    /// input chunks are per-thread rows sized by their call (`attend`, `panels`).
     pub fn new(model: Arc<Model>, max_rows: usize) -> Self {
         let c = &model.cfg;
         let m = max_rows.max(1);
