@@ -10,14 +10,14 @@
 //! A 2048-token CPU prefill spent about half its time here. A task takes up to [`TOKENS`]
 //! consecutive tokens and the query heads of one key/value head (all of them, unless that
 //! leaves threads idle, as in decode), and walks the keys in chunks of [`KEYS`] rows, so
-//! each key and value row is read once per task; four keys' scores are formed side by side
-//! (the lanes' tree after a transpose), and a chunk of value rows is weighed into 64
-//! outputs held in registers. Blocking alone measured level; the vector loops gave the
+//! each key and value row is read once per task; four keys' scores are formed at once
+//! ([`dot_f32_x4`]), and a chunk of value rows is weighed into 64 outputs held in
+//! registers. Blocking alone measured level; the vector loops gave the
 //! gain (`bench/results/cpu-attention-2026-12-05.txt`).
 
 use rayon::prelude::*;
 
-use super::kernels::{dot_f32, softmax_inplace};
+use super::kernels::{dot_f32, dot_f32_x4, softmax_inplace, SyncPtr};
 
 /// Query tokens a task takes.
 const TOKENS: usize = 4;
@@ -58,7 +58,7 @@ pub(super) fn causal(h: &Heads, q: &[f32], k: &[f32], v: &[f32], start: usize, r
     let threads = rayon::current_num_threads();
     let parts = (1..=group).find(|d| group % d == 0 && blocks * h.kv_heads * d >= threads).unwrap_or(group);
     let per = group / parts;
-    let out = Out(out.as_mut_ptr());
+    let out = SyncPtr(out.as_mut_ptr());
     let task = |i: usize| {
         let (b, g, part) = (i / (h.kv_heads * parts), i / parts % h.kv_heads, i % parts);
         let tokens = b * TOKENS..((b + 1) * TOKENS).min(rows);
@@ -71,28 +71,30 @@ pub(super) fn causal(h: &Heads, q: &[f32], k: &[f32], v: &[f32], start: usize, r
         SCORES.with_borrow_mut(|sc| {
             sc.clear();
             sc.resize(queries.len() * n, 0.0);
-            for j0 in (0..n).step_by(KEYS) {
-                for (r, &(t, hh)) in queries.iter().enumerate() {
-                    let qh = &q[t * qd + hh * hd..t * qd + (hh + 1) * hd];
-                    let js = j0..(j0 + KEYS).min(keys(t));
-                    score_keys(qh, k, kvd, g * hd, js, scale, &mut sc[r * n..r * n + n]);
+            // Every query's keys in chunks of KEYS, a chunk for all queries before the next.
+            let chunks = |f: &mut dyn FnMut(usize, usize, usize, std::ops::Range<usize>)| {
+                for j0 in (0..n).step_by(KEYS) {
+                    for (r, &(t, hh)) in queries.iter().enumerate() {
+                        f(r, t, hh, j0..(j0 + KEYS).min(keys(t)));
+                    }
                 }
-            }
-            let mut o = vec![0.0f32; queries.len() * hd];
+            };
+            chunks(&mut |r, t, hh, js| {
+                let qh = &q[t * qd + hh * hd..t * qd + (hh + 1) * hd];
+                score_keys(qh, k, kvd, g * hd, js, scale, &mut sc[r * n..r * n + n]);
+            });
             for (r, &(t, _)) in queries.iter().enumerate() {
                 softmax_inplace(&mut sc[r * n..r * n + keys(t)]);
             }
-            for j0 in (0..n).step_by(KEYS) {
-                for (r, &(t, _)) in queries.iter().enumerate() {
-                    let js = j0..(j0 + KEYS).min(keys(t));
-                    weigh_values(&mut o[r * hd..(r + 1) * hd], &sc[r * n..r * n + n], v, kvd, g * hd, js);
-                }
-            }
+            let mut o = vec![0.0f32; queries.len() * hd];
+            chunks(&mut |r, _, _, js| {
+                weigh_values(&mut o[r * hd..(r + 1) * hd], &sc[r * n..r * n + n], v, kvd, g * hd, js)
+            });
             for (r, &(t, hh)) in queries.iter().enumerate() {
                 // SAFETY: (token, head) pairs are disjoint across tasks, and `out` holds
                 // `rows × qd` elements (checked above).
                 unsafe {
-                    std::ptr::copy_nonoverlapping(o[r * hd..].as_ptr(), out.at(t * qd + hh * hd), hd);
+                    std::ptr::copy_nonoverlapping(o[r * hd..].as_ptr(), out.get().add(t * qd + hh * hd), hd);
                 }
             }
         });
@@ -119,64 +121,16 @@ fn score_keys(
     let hd = q.len();
     let row = |j: usize| &k[j * stride + off..j * stride + off + hd];
     let mut j = js.start;
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        while j + 4 <= js.end {
-            let rows = [row(j), row(j + 1), row(j + 2), row(j + 3)];
-            // SAFETY: AVX2 is present; every row has `q`'s length.
-            let d = unsafe { dot4_keys_avx2(q, rows) };
-            for (i, d) in d.into_iter().enumerate() {
-                s[j + i] = d * scale;
-            }
-            j += 4;
+    while j + 4 <= js.end {
+        let d = dot_f32_x4(q, [row(j), row(j + 1), row(j + 2), row(j + 3)]);
+        for (i, d) in d.into_iter().enumerate() {
+            s[j + i] = d * scale;
         }
+        j += 4;
     }
     for (j, s) in s[..js.end].iter_mut().enumerate().skip(j) {
         *s = dot_f32(q, row(j)) * scale;
     }
-}
-
-/// [`dot_f32`] of `q` with four rows at once, each bitwise the single dot product: the
-/// same 16-lane products and sums, and the lanes combined in its tree
-/// (`((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` of `lᵢ = lane i + lane i+8`) for the four rows
-/// side by side after a 4 × 4 transpose; the tail beyond the lanes added last, in order.
-///
-/// # Safety
-/// AVX2 is present; every row has `q`'s length.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot4_keys_avx2(q: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
-    use std::arch::x86_64::*;
-    let n = q.len() / 16 * 16;
-    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-    let qp = q.as_ptr();
-    let mut i = 0;
-    while i < n {
-        let (q0, q1) = (_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(qp.add(i + 8)));
-        for (a, r) in acc.iter_mut().zip(&rows) {
-            a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(_mm256_loadu_ps(r.as_ptr().add(i)), q0));
-            a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(_mm256_loadu_ps(r.as_ptr().add(i + 8)), q1));
-        }
-        i += 16;
-    }
-    // Per row: lanes 0..8 plus lanes 8..16, then the 8-wide halves added (lᵢ + lᵢ₊₄).
-    let b = acc.map(|a| {
-        let s = _mm256_add_ps(a[0], a[1]);
-        _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1))
-    });
-    // Transpose: t[i] holds element i of the four rows' b.
-    let (x0, x1) = (_mm_unpacklo_ps(b[0], b[1]), _mm_unpackhi_ps(b[0], b[1]));
-    let (x2, x3) = (_mm_unpacklo_ps(b[2], b[3]), _mm_unpackhi_ps(b[2], b[3]));
-    let t = [_mm_movelh_ps(x0, x2), _mm_movehl_ps(x2, x0), _mm_movelh_ps(x1, x3), _mm_movehl_ps(x3, x1)];
-    let d = _mm_add_ps(_mm_add_ps(t[0], t[2]), _mm_add_ps(t[1], t[3]));
-    let mut out = [0.0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), d);
-    for (o, r) in out.iter_mut().zip(&rows) {
-        for (w, x) in r[n..].iter().zip(&q[n..]) {
-            *o += w * x;
-        }
-    }
-    out
 }
 
 /// `o[d] += p[j] · v[j·stride + off + d]` for each `j` of `js` in order, each element
@@ -230,23 +184,6 @@ unsafe fn weigh_values_avx2(
         for (od, &vd) in o[whole..].iter_mut().zip(&v[j * stride + off + whole..]) {
             *od += p[j] * vd;
         }
-    }
-}
-
-/// The output, written by tasks that own disjoint (token, head) rows.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-
-// SAFETY: tasks write disjoint elements through it (see `causal`).
-unsafe impl Send for Out {}
-// SAFETY: as above.
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The element at `i` (a method, so closures capture the whole `Out`).
-    fn at(self, i: usize) -> *mut f32 {
-        // SAFETY: callers stay inside the slice `Out` was made from.
-        unsafe { self.0.add(i) }
     }
 }
 

@@ -183,6 +183,23 @@ pub fn row_dot(w: &WeightView<'_>, r: usize, x: &[f32]) -> f32 {
     }
 }
 
+/// [`dot_f32`] of `w` with four vectors at once, each bitwise the single dot product.
+#[inline]
+pub(super) fn dot_f32_x4(w: &[f32], xs: [&[f32]; 4]) -> [f32; 4] {
+    assert!(xs.iter().all(|x| x.len() == w.len()), "four vectors of the row's length");
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 is present; every vector has `w.len()` elements.
+        return unsafe {
+            dot4_avx2(w, xs, |p, i| {
+                let v = std::arch::x86_64::_mm256_loadu_ps(p.add(i));
+                (v, std::arch::x86_64::_mm256_loadu_ps(p.add(i + 8)))
+            })
+        };
+    }
+    xs.map(|x| dot_f32(w, x))
+}
+
 /// `W[r] · x` for four vectors at once, each bitwise equal to [`row_dot`] (a block-format
 /// row is decoded once for the four).
 #[inline]
@@ -191,14 +208,8 @@ fn row_dot4(w: &WeightView<'_>, r: usize, xs: [&[f32]; 4]) -> [f32; 4] {
     let row = r * w.cols..(r + 1) * w.cols;
     match w.data {
         WeightData::Quant { dtype, bytes } => quant(w, dtype, bytes).row_dots(r, xs),
-        // SAFETY (both arms): AVX2 is present; every vector has `cols` elements.
-        #[cfg(target_arch = "x86_64")]
-        WeightData::F32(d) if has_avx2() => unsafe {
-            dot4_avx2(&d[row], xs, |p, i| {
-                let v = std::arch::x86_64::_mm256_loadu_ps(p.add(i));
-                (v, std::arch::x86_64::_mm256_loadu_ps(p.add(i + 8)))
-            })
-        },
+        WeightData::F32(d) => dot_f32_x4(&d[row], xs),
+        // SAFETY: AVX2 is present; every vector has `cols` elements.
         #[cfg(target_arch = "x86_64")]
         WeightData::Bf16(d) if has_avx2() => unsafe { dot4_avx2(&d[row], xs, |p, i| widen16_avx2(p.add(i))) },
         _ => xs.map(|x| row_dot(w, r, x)),
@@ -254,10 +265,33 @@ unsafe fn dot4_avx2<E: Copy + Into<Widen>>(
         }
         i += LANES;
     }
-    let mut out = [0.0f32; 4];
-    for ((o, a), x) in out.iter_mut().zip(acc).zip(xs) {
-        *o = finish_avx2(a[0], a[1], w[n..].iter().zip(&x[n..]).map(|(e, b)| (*e).into().0 * b));
+    let mut out = combine4_avx2(acc);
+    for (o, x) in out.iter_mut().zip(xs) {
+        for (e, b) in w[n..].iter().zip(&x[n..]) {
+            *o += (*e).into().0 * b;
+        }
     }
+    out
+}
+
+/// Four 16-lane accumulators (lanes 0..8 and 8..16 each) combined in [`combine`]'s tree,
+/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` of `lᵢ = lane i + lane i+8`, the four side by
+/// side after a 4 × 4 transpose: each bitwise [`combine`] of its lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn combine4_avx2(acc: [[std::arch::x86_64::__m256; 2]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    // lᵢ, then lᵢ + lᵢ₊₄ (the 8-wide halves added).
+    let b = acc.map(|a| {
+        let s = _mm256_add_ps(a[0], a[1]);
+        _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1))
+    });
+    // Transpose: t[i] holds element i of the four b.
+    let (x0, x1) = (_mm_unpacklo_ps(b[0], b[1]), _mm_unpackhi_ps(b[0], b[1]));
+    let (x2, x3) = (_mm_unpacklo_ps(b[2], b[3]), _mm_unpackhi_ps(b[2], b[3]));
+    let t = [_mm_movelh_ps(x0, x2), _mm_movehl_ps(x2, x0), _mm_movelh_ps(x1, x3), _mm_movehl_ps(x3, x1)];
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), _mm_add_ps(_mm_add_ps(t[0], t[2]), _mm_add_ps(t[1], t[3])));
     out
 }
 
@@ -430,12 +464,13 @@ impl Strip {
 
 /// A raw pointer that may be shared across rayon tasks writing disjoint elements.
 #[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
+pub(super) struct SyncPtr(pub(super) *mut f32);
 // SAFETY: used only for writes to disjoint indices, joined before the borrow ends.
 unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 impl SyncPtr {
-    fn get(self) -> *mut f32 {
+    /// The pointer (a method, so closures capture the whole `SyncPtr`).
+    pub(super) fn get(self) -> *mut f32 {
         self.0
     }
 }

@@ -17,11 +17,10 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::quant::LANES;
+
 /// Columns per chunk: four tokens' chunk is 8 KiB.
 const KC: usize = 512;
-
-/// Lanes of the dot products' accumulators ([`super::fused`]'s order).
-const LANES: usize = 16;
 
 /// The inputs of a batched product laid out for it: chunk `c` (columns `c·KC..`) of token
 /// `t` at `(c·m + t)·KC`.
