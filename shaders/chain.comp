@@ -9,6 +9,13 @@
 // before it waits, so the next link's weight reads overlap the previous link's tail. This
 // relies on the device launching a later dispatch's workgroups only after all of an
 // earlier one's (no Vulkan guarantee): a measurement, not an executor path.
+// MODE_PERSIST runs a whole chain in one dispatch of G workgroups (all resident at once:
+// G is small), each taking its share of every link's rows in turn and then meeting the
+// others at a grid barrier (a count per link in device memory, polled by an atomic) —
+// what a layer fused into one dispatch would pay per dependent step; with MODE_EARLY a
+// workgroup loads its first rows of the next link before it waits. Vulkan does not
+// promise that the workgroups of one dispatch run concurrently, so the poll gives up
+// after 2^24 tries (a wrong result, never a hang): a measurement, not an executor path.
 // MODE_NORM and MODE_NORM_ONLY measure an RMSNorm of each link's input folded into the
 // matvec (every subgroup forms it alone, in the same order) against a separate dispatch
 // of one workgroup that writes it (the executor's way), both ordered by barriers.
@@ -35,10 +42,10 @@ layout(push_constant) uniform Params {
     uint rows;     // output rows (one subgroup of 32 lanes per row, 4 per workgroup)
     uint w_off4;   // vec4 offset of this link's matrix
     uint in_off;   // io offset of the 2048 inputs
-    uint out_off;  // io offset of the outputs
-    uint wait_idx; // count to wait on
-    uint wait_for; // value it must reach (the previous link's workgroups)
-    uint sig_idx;  // count this link adds to
+    uint out_off;  // io offset of the outputs (MODE_PERSIST: the io region size)
+    uint wait_idx; // count to wait on (MODE_PERSIST: the first link's count)
+    uint wait_for; // value it must reach (the previous link's workgroups; MODE_PERSIST: G)
+    uint sig_idx;  // count this link adds to (MODE_PERSIST: the links)
     uint mode;     // MODE_* bits
 } pc;
 
@@ -46,6 +53,7 @@ layout(push_constant) uniform Params {
 #define MODE_EARLY 2u // load the weights before waiting
 #define MODE_NORM 4u  // RMSNorm the input (every subgroup alone) before the product
 #define MODE_NORM_ONLY 8u // write the RMSNorm of the input instead (one workgroup)
+#define MODE_PERSIST 16u  // the whole chain in one dispatch, grid barriers between links
 #define COLS4 512u    // vec4s per row (2048 columns)
 
 void io4_write(uint e, vec4 v) {
@@ -55,7 +63,72 @@ void io4_write(uint e, vec4 v) {
     io[e + 3u] = v.w;
 }
 
+// One row of a link (the plain product of main, the same bytes): weights wv of row `row`,
+// inputs at in_off, the output at out_off + row.
+void link_row(vec4 wv[16], uint row, uint rows, uint in_off, uint out_off) {
+    uint lane = gl_LocalInvocationID.x % 32u;
+    vec4 xv[16];
+    FOR16(c, {
+        uint e = in_off + 4u * (32u * c + lane);
+        xv[c] = vec4(io[e], io[e + 1u], io[e + 2u], io[e + 3u]);
+    })
+    precise float s = 0.0;
+    FOR16(c, s = s + dot(wv[c], xv[c]);)
+    s = subgroupAdd(s);
+    if (row < rows && lane == 0u) {
+        io[out_off + row] = s * (1.0 / 64.0);
+    }
+}
+
+// MODE_PERSIST: workgroup g takes row groups g, g + G, ... of every link (links alternate
+// between io regions 0 and 1), then adds 1 to the link's count and waits for all G.
+void persist() {
+    uint lane = gl_LocalInvocationID.x % 32u;
+    uint sub = gl_LocalInvocationID.x / 32u;
+    uint rows = pc.rows;
+    uint groups = (rows + 3u) / 4u;
+    uint g0 = gl_WorkGroupID.x;
+    uint big = pc.wait_for;
+    bool early = (pc.mode & MODE_EARLY) != 0u;
+    vec4 wv[16];
+    bool loaded = false;
+    for (uint i = 0u; i < pc.sig_idx; i++) {
+        uint w_off4 = i * rows * COLS4;
+        uint in_off = (i % 2u) * pc.out_off;
+        uint out_off = ((i + 1u) % 2u) * pc.out_off;
+        for (uint vg = g0; vg < groups; vg += big) {
+            uint row = vg * 4u + sub;
+            if (!loaded) {
+                uint base = w_off4 + min(row, rows - 1u) * COLS4 + lane;
+                FOR16(c, wv[c] = w4[base + 32u * c];)
+            }
+            loaded = false;
+            link_row(wv, row, rows, in_off, out_off);
+        }
+        if (early && i + 1u < pc.sig_idx && g0 < groups) {
+            // The next link's first rows, in flight during the wait.
+            uint base = (i + 1u) * rows * COLS4 + min(g0 * 4u + sub, rows - 1u) * COLS4 + lane;
+            FOR16(c, wv[c] = w4[base + 32u * c];)
+            loaded = true;
+        }
+        memoryBarrierBuffer();
+        barrier();
+        if (gl_LocalInvocationIndex == 0u) {
+            uint at = pc.wait_idx + i;
+            atomicAdd(counts[at], 1u);
+            for (uint n = 0u; atomicAdd(counts[at], 0u) < big && n < (1u << 24); n++) {
+            }
+        }
+        memoryBarrierBuffer();
+        barrier();
+    }
+}
+
 void main() {
+    if ((pc.mode & MODE_PERSIST) != 0u) {
+        persist();
+        return;
+    }
     uint lane = gl_LocalInvocationID.x % 32u;
     uint row = gl_WorkGroupID.x * 4u + gl_LocalInvocationID.x / 32u;
     bool live = row < pc.rows;

@@ -7,7 +7,9 @@
 //! (vulkano's builder derives a barrier between every two dispatches that share a written
 //! buffer) and submitted with one raw queue submission. Two more orderings, both with
 //! barriers, put an RMSNorm of each link's input in a dispatch of its own or fold it into
-//! the link (what a norm dispatch fewer saves).
+//! the link (what a norm dispatch fewer saves). A last ordering runs each chain as one
+//! dispatch of a few resident workgroups meeting at a grid barrier after every link (what
+//! a layer fused into one dispatch would pay per dependent step).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +50,10 @@ const MODE_WAIT: u32 = 1;
 const MODE_EARLY: u32 = 2;
 const MODE_NORM: u32 = 4;
 const MODE_NORM_ONLY: u32 = 8;
+const MODE_PERSIST: u32 = 16;
+/// Workgroups of a persistent chain at most (one per SM of an H100/H200 and fewer: all
+/// resident at once, which the grid barrier needs).
+const PERSIST_GROUPS: usize = 128;
 
 /// How consecutive links are ordered.
 #[derive(Clone, Copy, PartialEq)]
@@ -66,6 +72,10 @@ enum Order {
     /// Barriers, and each link forms the RMSNorm of its input itself (every subgroup
     /// alone): the same bytes as [`Order::NormApart`] with half the dispatches.
     NormFolded,
+    /// One dispatch a chain: resident workgroups take every link's rows in turn and meet
+    /// at a grid barrier after each, loading their next link's first rows before the wait
+    /// (`early`) or after it.
+    Persist { early: bool },
 }
 
 impl Order {
@@ -81,6 +91,10 @@ impl Order {
             Order::Free => "no ordering (lower bound, wrong results)".into(),
             Order::NormApart => "barrier, an RMSNorm dispatch before each link (per link and norm)".into(),
             Order::NormFolded => "barrier, the RMSNorm folded into each link".into(),
+            Order::Persist { early } => format!(
+                "one dispatch, grid barrier per link, next weights {} the wait",
+                if early { "before" } else { "after" }
+            ),
         }
     }
 
@@ -90,13 +104,14 @@ impl Order {
             Order::Barrier | Order::Free | Order::NormApart => 0,
             Order::Count { early, .. } => MODE_WAIT | if early { MODE_EARLY } else { 0 },
             Order::NormFolded => MODE_NORM,
+            Order::Persist { early } => MODE_PERSIST | if early { MODE_EARLY } else { 0 },
         }
     }
 
     /// Whether a barrier follows link `i` (of a chain, counted over the whole buffer).
     fn barrier_after(self, i: usize) -> bool {
         match self {
-            Order::Barrier | Order::NormApart | Order::NormFolded => true,
+            Order::Barrier | Order::NormApart | Order::NormFolded | Order::Persist { .. } => true,
             Order::Count { span, .. } => span < LINKS && (i + 1).is_multiple_of(span),
             Order::Free => false,
         }
@@ -226,6 +241,25 @@ impl Chain {
                 &[],
             );
             for k in 0..reps {
+                if let Order::Persist { .. } = order {
+                    let big = groups.min(PERSIST_GROUPS as u32);
+                    let p = Params {
+                        rows: rows as u32,
+                        out_off: REGION as u32,
+                        wait_idx: (k * LINKS + 1) as u32,
+                        wait_for: big,
+                        sig_idx: LINKS as u32,
+                        mode: order.mode(),
+                        ..Default::default()
+                    };
+                    cb.push_constants_unchecked(layout, 0, &p);
+                    cb.dispatch_unchecked([big, 1, 1]);
+                    cb.pipeline_barrier_unchecked(&barrier(
+                        PipelineStages::COMPUTE_SHADER,
+                        AccessFlags::SHADER_WRITE,
+                    ));
+                    continue;
+                }
                 for i in 0..LINKS {
                     let sig = (k * LINKS + i + 1) as u32;
                     let mut in_off = ((i % 2) * REGION) as u32;
@@ -325,6 +359,8 @@ pub fn chain(index: usize) {
         Order::Free,
         Order::NormApart,
         Order::NormFolded,
+        Order::Persist { early: false },
+        Order::Persist { early: true },
     ];
     for rows in [16usize, 512, 2048] {
         let reps = 64;
@@ -335,7 +371,7 @@ pub fn chain(index: usize) {
             let expected = match order {
                 Order::Free | Order::Barrier | Order::NormApart => continue,
                 Order::NormFolded => &normed,
-                Order::Count { .. } => &reference,
+                Order::Count { .. } | Order::Persist { .. } => &reference,
             };
             if c.result(rows, order, &fence) != *expected {
                 println!("rows {rows}: {}: results DIFFER from its reference (the barrier chain, or the separate norm)", order.label());
