@@ -11,9 +11,11 @@
 // earlier one's (no Vulkan guarantee): a measurement, not an executor path.
 // MODE_PERSIST runs a whole chain in one dispatch of G workgroups (all resident at once:
 // G is small), each taking its share of every link's rows in turn and then meeting the
-// others at a grid barrier (a count per link in device memory, polled by an atomic) —
-// what a layer fused into one dispatch would pay per dependent step; with MODE_EARLY a
-// workgroup loads its first rows of the next link before it waits. Vulkan does not
+// others at a grid barrier (a count per link in device memory, polled by an atomic add
+// of 0, or with MODE_POLL_LOAD by an acquiring atomic load, which does not write the
+// line every workgroup polls) — what a layer fused into one dispatch would pay per
+// dependent step; with MODE_EARLY a workgroup loads its first rows of the next link
+// before it waits. Vulkan does not
 // promise that the workgroups of one dispatch run concurrently, so the poll gives up
 // after 2^24 tries (a wrong result, never a hang): a measurement, not an executor path.
 // MODE_NORM and MODE_NORM_ONLY measure an RMSNorm of each link's input folded into the
@@ -24,6 +26,7 @@
 // partial sums, the same for every ordering, so the byte checks and timings still hold.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_memory_scope_semantics : require
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -54,6 +57,7 @@ layout(push_constant) uniform Params {
 #define MODE_NORM 4u  // RMSNorm the input (every subgroup alone) before the product
 #define MODE_NORM_ONLY 8u // write the RMSNorm of the input instead (one workgroup)
 #define MODE_PERSIST 16u  // the whole chain in one dispatch, grid barriers between links
+#define MODE_POLL_LOAD 32u // MODE_PERSIST polls by an atomic load
 #define COLS4 512u    // vec4s per row (2048 columns)
 
 void io4_write(uint e, vec4 v) {
@@ -116,7 +120,16 @@ void persist() {
         if (gl_LocalInvocationIndex == 0u) {
             uint at = pc.wait_idx + i;
             atomicAdd(counts[at], 1u);
-            for (uint n = 0u; atomicAdd(counts[at], 0u) < big && n < (1u << 24); n++) {
+            if ((pc.mode & MODE_POLL_LOAD) != 0u) {
+                for (uint n = 0u; n < (1u << 24); n++) {
+                    uint c = atomicLoad(counts[at], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire);
+                    if (c >= big) {
+                        break;
+                    }
+                }
+            } else {
+                for (uint n = 0u; atomicAdd(counts[at], 0u) < big && n < (1u << 24); n++) {
+                }
             }
         }
         memoryBarrierBuffer();

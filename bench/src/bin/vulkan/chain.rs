@@ -51,6 +51,7 @@ const MODE_EARLY: u32 = 2;
 const MODE_NORM: u32 = 4;
 const MODE_NORM_ONLY: u32 = 8;
 const MODE_PERSIST: u32 = 16;
+const MODE_POLL_LOAD: u32 = 32;
 /// Workgroups of a persistent chain at most (one per SM of an H100/H200 and fewer: all
 /// resident at once, which the grid barrier needs).
 const PERSIST_GROUPS: usize = 128;
@@ -74,8 +75,9 @@ enum Order {
     NormFolded,
     /// One dispatch a chain: resident workgroups take every link's rows in turn and meet
     /// at a grid barrier after each, loading their next link's first rows before the wait
-    /// (`early`) or after it.
-    Persist { early: bool },
+    /// (`early`) or after it, polling the barrier's count by an atomic load (`load`) or an
+    /// atomic add of 0.
+    Persist { early: bool, load: bool },
 }
 
 impl Order {
@@ -91,8 +93,9 @@ impl Order {
             Order::Free => "no ordering (lower bound, wrong results)".into(),
             Order::NormApart => "barrier, an RMSNorm dispatch before each link (per link and norm)".into(),
             Order::NormFolded => "barrier, the RMSNorm folded into each link".into(),
-            Order::Persist { early } => format!(
-                "one dispatch, grid barrier per link, next weights {} the wait",
+            Order::Persist { early, load } => format!(
+                "one dispatch, grid barrier per link polled by {}, next weights {} the wait",
+                if load { "atomic loads" } else { "atomic adds" },
                 if early { "before" } else { "after" }
             ),
         }
@@ -104,7 +107,9 @@ impl Order {
             Order::Barrier | Order::Free | Order::NormApart => 0,
             Order::Count { early, .. } => MODE_WAIT | if early { MODE_EARLY } else { 0 },
             Order::NormFolded => MODE_NORM,
-            Order::Persist { early } => MODE_PERSIST | if early { MODE_EARLY } else { 0 },
+            Order::Persist { early, load } => {
+                MODE_PERSIST | if early { MODE_EARLY } else { 0 } | if load { MODE_POLL_LOAD } else { 0 }
+            }
         }
     }
 
@@ -359,8 +364,10 @@ pub fn chain(index: usize) {
         Order::Free,
         Order::NormApart,
         Order::NormFolded,
-        Order::Persist { early: false },
-        Order::Persist { early: true },
+        Order::Persist { early: false, load: false },
+        Order::Persist { early: true, load: false },
+        Order::Persist { early: false, load: true },
+        Order::Persist { early: true, load: true },
     ];
     for rows in [16usize, 512, 2048] {
         let reps = 64;
