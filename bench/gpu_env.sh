@@ -1,6 +1,9 @@
 # Sourced by the GPU bench scripts: the Vulkan loader on a lent GPU machine (the `device`
 # tool's README): unpacks .gl/*.deb when present, and points the loader at the NVIDIA ICD
-# when smoe-pipeline BIN ($1) finds no device without it.
+# when smoe-pipeline BIN ($1) finds no device without it. .gl needs the glvnd libraries
+# beside the loader (`apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1
+# libglx0 libgles2`): with libvulkan1 alone the NVIDIA ICD fails to load ("Could not get
+# 'vkCreateInstance' ... for ICD libGLX_nvidia.so.0") and no device is found.
 gpu_env() {
   export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
   if compgen -G ".gl/*.deb" >/dev/null; then
