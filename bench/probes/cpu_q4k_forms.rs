@@ -12,20 +12,11 @@ const COLS: usize = 2048;
 const ROWS: usize = 768;
 const BB: usize = 144;
 
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let exp = u32::from(h >> 10) & 0x1F;
-    let man = u32::from(h & 0x03FF);
-    let magnitude = match exp {
-        0 => (man as f32 * (1.0 / 16_777_216.0)).to_bits(),
-        0x1F if man == 0 => 0x7F80_0000,
-        0x1F => 0x7FC0_0000 | (man << 13),
-        _ => ((exp + 112) << 23) | (man << 13),
-    };
-    f32::from_bits(sign | magnitude)
-}
+/// A little-endian f16 widened exactly (F16C).
 #[inline(always)]
-fn f16_le(b: &[u8]) -> f32 { f16_to_f32(u16::from_le_bytes([b[0], b[1]])) }
+unsafe fn f16_le(b: &[u8]) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes([b[0], b[1]])))))
+}
 
 #[inline(always)]
 unsafe fn scales(b: &[u8]) -> (__m256, __m256) {
@@ -39,36 +30,10 @@ unsafe fn scales(b: &[u8]) -> (__m256, __m256) {
     (a, m)
 }
 
-// (a) old form: 16 lanes (2 acc), 8-byte zero-extending loads.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_old(row: &[u8], x: &[f32]) -> f32 {
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mask = _mm256_set1_epi32(0x0F);
-    for (k, b) in row.chunks_exact(BB).enumerate() {
-        let (a, m) = scales(b);
-        let mut av = [0f32; 8]; let mut mv = [0f32; 8];
-        _mm256_storeu_ps(av.as_mut_ptr(), a); _mm256_storeu_ps(mv.as_mut_ptr(), m);
-        let p = b.as_ptr().add(16);
-        let xp = x.as_ptr().add(k * 256);
-        for g in 0..4 {
-            let v: [__m256i; 4] = [0, 1, 2, 3].map(|c| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 * g + 8 * c) as *const __m128i)));
-            for h in 0..2 {
-                let sa = _mm256_set1_ps(av[2 * g + h]); let nb = _mm256_set1_ps(-mv[2 * g + h]);
-                for c in 0..4 {
-                    let n = if h == 0 { _mm256_and_si256(v[c], mask) } else { _mm256_srli_epi32(v[c], 4) };
-                    let w = _mm256_fmadd_ps(sa, _mm256_cvtepi32_ps(n), nb);
-                    let xv = _mm256_loadu_ps(xp.add(64 * g + 32 * h + 8 * c));
-                    if c % 2 == 0 { a0 = _mm256_fmadd_ps(w, xv, a0) } else { a1 = _mm256_fmadd_ps(w, xv, a1) }
-                }
-            }
-        }
-    }
-    let s = _mm256_add_ps(a0, a1); let mut o = [0f32; 8]; _mm256_storeu_ps(o.as_mut_ptr(), s); o.iter().sum()
-}
-
-// (b) same, 4 accumulators (32 lanes).
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_old4(row: &[u8], x: &[f32]) -> f32 {
+// (a, b) the kernel's form: 8-byte zero-extending loads, 16 lanes in ACC = 2 accumulators
+// (`old`, the engine's), or 32 lanes in ACC = 4 (`old4`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_zext<const ACC: usize>(row: &[u8], x: &[f32]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mask = _mm256_set1_epi32(0x0F);
     for (k, b) in row.chunks_exact(BB).enumerate() {
@@ -84,7 +49,7 @@ unsafe fn dot_old4(row: &[u8], x: &[f32]) -> f32 {
                 for c in 0..4 {
                     let n = if h == 0 { _mm256_and_si256(v[c], mask) } else { _mm256_srli_epi32(v[c], 4) };
                     let w = _mm256_fmadd_ps(sa, _mm256_cvtepi32_ps(n), nb);
-                    acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp.add(64 * g + 32 * h + 8 * c)), acc[c]);
+                    acc[c % ACC] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp.add(64 * g + 32 * h + 8 * c)), acc[c % ACC]);
                 }
             }
         }
@@ -92,54 +57,20 @@ unsafe fn dot_old4(row: &[u8], x: &[f32]) -> f32 {
     let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])); let mut o = [0f32; 8]; _mm256_storeu_ps(o.as_mut_ptr(), s); o.iter().sum()
 }
 
-// (c) windows: 32-byte loads, bytes shifted to the top (uniform 2^24), slot order x.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_win(row: &[u8], x: &[f32]) -> f32 {
+// (c, d) windows: 32-byte loads, each byte position a vector in slot order (x windowed):
+// bytes shifted to the top (`win`, PLACED false: every scale times 2^-24) or masked in place
+// (`place`: the scale times 2^-8p for position p).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_window<const PLACED: bool>(row: &[u8], x: &[f32]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let m4 = _mm256_set1_epi8(0x0F);
     let top = _mm256_set1_epi32(0xFF00_0000u32 as i32);
-    let inv = _mm256_set1_ps(1.0 / 16_777_216.0);
-    for (k, b) in row.chunks_exact(BB).enumerate() {
-        let (a, m) = scales(b);
-        let a = _mm256_mul_ps(a, inv);
-        let mut av = [0f32; 8]; let mut mv = [0f32; 8];
-        _mm256_storeu_ps(av.as_mut_ptr(), a); _mm256_storeu_ps(mv.as_mut_ptr(), m);
-        let p = b.as_ptr().add(16);
-        let xp = x.as_ptr().add(k * 256);
-        for g in 0..4 {
-            let v = _mm256_loadu_si256(p.add(32 * g) as *const __m256i);
-            let ns = [_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)];
-            for h in 0..2 {
-                let n = ns[h];
-                let j = 2 * g + h;
-                let sa = _mm256_broadcast_ss(&av[j]); let sb = _mm256_broadcast_ss(&mv[j]);
-                let q = [
-                    _mm256_slli_epi32::<24>(n),
-                    _mm256_and_si256(_mm256_slli_epi32::<16>(n), top),
-                    _mm256_and_si256(_mm256_slli_epi32::<8>(n), top),
-                    _mm256_and_si256(n, top),
-                ];
-                for pp in 0..4 {
-                    let w = _mm256_fmsub_ps(sa, _mm256_cvtepi32_ps(q[pp]), sb);
-                    acc[pp] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp.add(32 * j + 8 * pp)), acc[pp]);
-                }
-            }
-        }
-    }
-    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])); let mut o = [0f32; 8]; _mm256_storeu_ps(o.as_mut_ptr(), s); o.iter().sum()
-}
-
-// (d) windows with bytes masked in place and per-position scale arrays.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_place(row: &[u8], x: &[f32]) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let m4 = _mm256_set1_epi8(0x0F);
-    let masks = [_mm256_set1_epi32(0xFF), _mm256_set1_epi32(0xFF00), _mm256_set1_epi32(0xFF_0000), _mm256_set1_epi32(0xFF00_0000u32 as i32)];
-    let place = [_mm256_set1_ps(1.0), _mm256_set1_ps(1.0 / 256.0), _mm256_set1_ps(1.0 / 65536.0), _mm256_set1_ps(1.0 / 16_777_216.0)];
+    let masks = [_mm256_set1_epi32(0xFF), _mm256_set1_epi32(0xFF00), _mm256_set1_epi32(0xFF_0000), top];
+    let place = if PLACED { [1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16_777_216.0] } else { [1.0 / 16_777_216.0; 4] };
     for (k, b) in row.chunks_exact(BB).enumerate() {
         let (a, m) = scales(b);
         let mut av = [[0f32; 8]; 4]; let mut mv = [0f32; 8];
-        for p in 0..4 { _mm256_storeu_ps(av[p].as_mut_ptr(), _mm256_mul_ps(a, place[p])); }
+        for p in 0..4 { _mm256_storeu_ps(av[p].as_mut_ptr(), _mm256_mul_ps(a, _mm256_set1_ps(place[p]))); }
         _mm256_storeu_ps(mv.as_mut_ptr(), m);
         let p = b.as_ptr().add(16);
         let xp = x.as_ptr().add(k * 256);
@@ -150,8 +81,18 @@ unsafe fn dot_place(row: &[u8], x: &[f32]) -> f32 {
                 let n = ns[h];
                 let j = 2 * g + h;
                 let sb = _mm256_broadcast_ss(&mv[j]);
+                let q = if PLACED {
+                    [_mm256_and_si256(n, masks[0]), _mm256_and_si256(n, masks[1]), _mm256_and_si256(n, masks[2]), _mm256_and_si256(n, masks[3])]
+                } else {
+                    [
+                        _mm256_slli_epi32::<24>(n),
+                        _mm256_and_si256(_mm256_slli_epi32::<16>(n), top),
+                        _mm256_and_si256(_mm256_slli_epi32::<8>(n), top),
+                        _mm256_and_si256(n, top),
+                    ]
+                };
                 for pp in 0..4 {
-                    let w = _mm256_fmsub_ps(_mm256_broadcast_ss(&av[pp][j]), _mm256_cvtepi32_ps(_mm256_and_si256(n, masks[pp])), sb);
+                    let w = _mm256_fmsub_ps(_mm256_broadcast_ss(&av[pp][j]), _mm256_cvtepi32_ps(q[pp]), sb);
                     acc[pp] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp.add(32 * j + 8 * pp)), acc[pp]);
                 }
             }
@@ -174,7 +115,7 @@ fn main() {
         }
     }
     let rb = COLS / 256 * BB;
-    let fs: [(&str, unsafe fn(&[u8], &[f32]) -> f32); 4] = [("old", dot_old), ("old4", dot_old4), ("win", dot_win), ("place", dot_place)];
+    let fs: [(&str, unsafe fn(&[u8], &[f32]) -> f32); 4] = [("old", dot_zext::<2>), ("old4", dot_zext::<4>), ("win", dot_window::<false>), ("place", dot_window::<true>)];
     for _round in 0..3 {
         for (name, f) in fs {
             let t = Instant::now(); let mut acc = 0.0;
