@@ -15,9 +15,10 @@
 // of 0, or with MODE_POLL_LOAD by an acquiring atomic load, which does not write the
 // line every workgroup polls) — what a layer fused into one dispatch would pay per
 // dependent step; with MODE_EARLY a workgroup loads its first rows of the next link
-// before it waits. Vulkan does not
-// promise that the workgroups of one dispatch run concurrently, so the poll gives up
-// after 2^24 tries (a wrong result, never a hang): a measurement, not an executor path.
+// before it waits. Links alternate between the inputs at in_off and those at out_off.
+// Vulkan does not promise that the workgroups of one dispatch run concurrently, so the
+// poll gives up after 2^24 tries (a wrong result, never a hang): a measurement, not an
+// executor path.
 // MODE_NORM and MODE_NORM_ONLY measure an RMSNorm of each link's input folded into the
 // matvec (every subgroup forms it alone, in the same order) against a separate dispatch
 // of one workgroup that writes it (the executor's way), both ordered by barriers.
@@ -44,8 +45,8 @@ layout(set = 0, binding = 3) readonly buffer Nw { vec4 nw4[]; };
 layout(push_constant) uniform Params {
     uint rows;     // output rows (one subgroup of 32 lanes per row, 4 per workgroup)
     uint w_off4;   // vec4 offset of this link's matrix
-    uint in_off;   // io offset of the 2048 inputs
-    uint out_off;  // io offset of the outputs (MODE_PERSIST: the io region size)
+    uint in_off;   // io offset of the 2048 inputs (MODE_PERSIST: the first link's)
+    uint out_off;  // io offset of the outputs (MODE_PERSIST: the first link's)
     uint wait_idx; // count to wait on (MODE_PERSIST: the first link's count)
     uint wait_for; // value it must reach (the previous link's workgroups; MODE_PERSIST: G)
     uint sig_idx;  // count this link adds to (MODE_PERSIST: the links)
@@ -67,27 +68,45 @@ void io4_write(uint e, vec4 v) {
     io[e + 3u] = v.w;
 }
 
-// One row of a link (the plain product of main, the same bytes): weights wv of row `row`,
-// inputs at in_off, the output at out_off + row.
-void link_row(vec4 wv[16], uint row, uint rows, uint in_off, uint out_off) {
+// This invocation's 16 weight chunks of row `row` (clamped to the last) of the matrix at
+// vec4 offset w_off4.
+void load_weights(uint w_off4, uint row, uint rows, out vec4 wv[16]) {
+    uint base = w_off4 + min(row, rows - 1u) * COLS4 + gl_LocalInvocationID.x % 32u;
+    FOR16(c, wv[c] = w4[base + 32u * c];)
+}
+
+// This invocation's 16 input chunks at io offset in_off.
+void load_inputs(uint in_off, out vec4 xv[16]) {
     uint lane = gl_LocalInvocationID.x % 32u;
-    vec4 xv[16];
     FOR16(c, {
         uint e = in_off + 4u * (32u * c + lane);
         xv[c] = vec4(io[e], io[e + 1u], io[e + 2u], io[e + 3u]);
     })
+}
+
+// Row `row`'s product (one subgroupAdd over its 32 lanes), stored at out_off + row.
+void store_product(vec4 wv[16], vec4 xv[16], uint row, uint rows, uint out_off) {
     precise float s = 0.0;
     FOR16(c, s = s + dot(wv[c], xv[c]);)
     s = subgroupAdd(s);
-    if (row < rows && lane == 0u) {
+    if (row < rows && gl_LocalInvocationID.x % 32u == 0u) {
         io[out_off + row] = s * (1.0 / 64.0);
     }
 }
 
-// MODE_PERSIST: workgroup g takes row groups g, g + G, ... of every link (links alternate
-// between io regions 0 and 1), then adds 1 to the link's count and waits for all G.
+// The value of count `at`: by an acquiring atomic load with MODE_POLL_LOAD, else by an
+// atomic add of 0 (a loop of plain loads, even `volatile` ones, did not wait on the H200:
+// its chains' results differed from the barrier chain's).
+uint count_at(uint at) {
+    if ((pc.mode & MODE_POLL_LOAD) != 0u) {
+        return atomicLoad(counts[at], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire);
+    }
+    return atomicAdd(counts[at], 0u);
+}
+
+// MODE_PERSIST: workgroup g takes row groups g, g + G, ... of every link, then adds 1 to
+// the link's count and waits for all G.
 void persist() {
-    uint lane = gl_LocalInvocationID.x % 32u;
     uint sub = gl_LocalInvocationID.x / 32u;
     uint rows = pc.rows;
     uint groups = (rows + 3u) / 4u;
@@ -95,24 +114,23 @@ void persist() {
     uint big = pc.wait_for;
     bool early = (pc.mode & MODE_EARLY) != 0u;
     vec4 wv[16];
+    vec4 xv[16];
     bool loaded = false;
     for (uint i = 0u; i < pc.sig_idx; i++) {
-        uint w_off4 = i * rows * COLS4;
-        uint in_off = (i % 2u) * pc.out_off;
-        uint out_off = ((i + 1u) % 2u) * pc.out_off;
+        uint in_off = i % 2u == 0u ? pc.in_off : pc.out_off;
+        uint out_off = i % 2u == 0u ? pc.out_off : pc.in_off;
         for (uint vg = g0; vg < groups; vg += big) {
             uint row = vg * 4u + sub;
             if (!loaded) {
-                uint base = w_off4 + min(row, rows - 1u) * COLS4 + lane;
-                FOR16(c, wv[c] = w4[base + 32u * c];)
+                load_weights(i * rows * COLS4, row, rows, wv);
             }
             loaded = false;
-            link_row(wv, row, rows, in_off, out_off);
+            load_inputs(in_off, xv);
+            store_product(wv, xv, row, rows, out_off);
         }
         if (early && i + 1u < pc.sig_idx && g0 < groups) {
             // The next link's first rows, in flight during the wait.
-            uint base = (i + 1u) * rows * COLS4 + min(g0 * 4u + sub, rows - 1u) * COLS4 + lane;
-            FOR16(c, wv[c] = w4[base + 32u * c];)
+            load_weights((i + 1u) * rows * COLS4, g0 * 4u + sub, rows, wv);
             loaded = true;
         }
         memoryBarrierBuffer();
@@ -120,16 +138,7 @@ void persist() {
         if (gl_LocalInvocationIndex == 0u) {
             uint at = pc.wait_idx + i;
             atomicAdd(counts[at], 1u);
-            if ((pc.mode & MODE_POLL_LOAD) != 0u) {
-                for (uint n = 0u; n < (1u << 24); n++) {
-                    uint c = atomicLoad(counts[at], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire);
-                    if (c >= big) {
-                        break;
-                    }
-                }
-            } else {
-                for (uint n = 0u; atomicAdd(counts[at], 0u) < big && n < (1u << 24); n++) {
-                }
+            for (uint n = 0u; count_at(at) < big && n < (1u << 24); n++) {
             }
         }
         memoryBarrierBuffer();
@@ -144,30 +153,23 @@ void main() {
     }
     uint lane = gl_LocalInvocationID.x % 32u;
     uint row = gl_WorkGroupID.x * 4u + gl_LocalInvocationID.x / 32u;
-    bool live = row < pc.rows;
-    uint base = pc.w_off4 + min(row, pc.rows - 1u) * COLS4 + lane;
     vec4 wv[16];
     if ((pc.mode & MODE_EARLY) != 0u) {
-        FOR16(c, wv[c] = w4[base + 32u * c];)
+        load_weights(pc.w_off4, row, pc.rows, wv);
     }
     if ((pc.mode & MODE_WAIT) != 0u) {
         if (gl_LocalInvocationIndex == 0u) {
-            // Polled by an atomic: a loop of plain loads (even `volatile` ones) did not
-            // wait on the H200 (its chains' results differed from the barrier chain's).
-            while (atomicAdd(counts[pc.wait_idx], 0u) < pc.wait_for) {
+            while (count_at(pc.wait_idx) < pc.wait_for) {
             }
         }
         memoryBarrierBuffer();
         barrier();
     }
     if ((pc.mode & (MODE_EARLY | MODE_NORM_ONLY)) == 0u) {
-        FOR16(c, wv[c] = w4[base + 32u * c];)
+        load_weights(pc.w_off4, row, pc.rows, wv);
     }
     vec4 xv[16];
-    FOR16(c, {
-        uint e = pc.in_off + 4u * (32u * c + lane);
-        xv[c] = vec4(io[e], io[e + 1u], io[e + 2u], io[e + 3u]);
-    })
+    load_inputs(pc.in_off, xv);
     if ((pc.mode & (MODE_NORM | MODE_NORM_ONLY)) != 0u) {
         // An RMSNorm of the input, formed by every subgroup alone in the same order.
         precise float ss = 0.0;
@@ -187,12 +189,7 @@ void main() {
         uint q = gl_LocalInvocationID.x / 32u;
         FOR16(c, if (c / 4u == q) { io4_write(pc.out_off + 4u * (32u * c + lane), xv[c]); })
     } else {
-        precise float s = 0.0;
-        FOR16(c, s = s + dot(wv[c], xv[c]);)
-        s = subgroupAdd(s);
-        if (live && lane == 0u) {
-            io[pc.out_off + row] = s * (1.0 / 64.0);
-        }
+        store_product(wv, xv, row, pc.rows, pc.out_off);
     }
     memoryBarrierBuffer();
     barrier();

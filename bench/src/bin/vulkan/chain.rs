@@ -247,18 +247,20 @@ impl Chain {
             );
             for k in 0..reps {
                 if let Order::Persist { .. } = order {
-                    let big = groups.min(PERSIST_GROUPS as u32);
+                    // Links alternate between io regions 0 and 1, as the dispatched ones do.
+                    let wgs = groups.min(PERSIST_GROUPS as u32);
                     let p = Params {
                         rows: rows as u32,
+                        in_off: 0,
                         out_off: REGION as u32,
                         wait_idx: (k * LINKS + 1) as u32,
-                        wait_for: big,
+                        wait_for: wgs,
                         sig_idx: LINKS as u32,
                         mode: order.mode(),
                         ..Default::default()
                     };
                     cb.push_constants_unchecked(layout, 0, &p);
-                    cb.dispatch_unchecked([big, 1, 1]);
+                    cb.dispatch_unchecked([wgs, 1, 1]);
                     cb.pipeline_barrier_unchecked(&barrier(
                         PipelineStages::COMPUTE_SHADER,
                         AccessFlags::SHADER_WRITE,
