@@ -51,8 +51,8 @@ fn batched_harnesses(ctx: &Arc<VulkanContext>, act: usize, route: usize) -> Vec<
     let own = MatmulTuning::for_device(ctx.device.physical_device());
     let mut hs: Vec<(KernelHarness, Covers)> =
         vec![(KernelHarness::with_tuning(ctx.clone(), act, route, own).unwrap(), |_| true)];
-    if own.tile_token_groups == 0 {
-        let tiled = MatmulTuning { tile_token_groups: MatmulTuning::DEFAULT.tile_token_groups, ..own };
+    if !own.tiled_batched {
+        let tiled = MatmulTuning { tiled_batched: true, ..own };
         hs.push((KernelHarness::with_tuning(ctx.clone(), act, route, tiled).unwrap(), |d| !d.is_block()));
     }
     hs
@@ -551,22 +551,22 @@ fn the_combining_down_projection_is_the_down_projection_then_the_combine() {
 fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let Some(ctx) = vulkan::context() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(15);
-    // Both forms of the float types' batched kernels (untiled, or tiled in workgroup
-    // memory with passes of 8 or 16 tokens), with rows per lane group that fill a tiled
-    // workgroup (3 rows of gate and up) or make it shrink to fewer lane groups (4 rows).
-    let tunings = [(1, 1, 4, 1, 0), (2, 2, 1, 2, 2), (4, 2, 3, 3, 2), (3, 8, 2, 4, 1), (2, 5, 4, 1, 1)].map(
-        |(rows_m1, unroll, rows_down, rows_batched, tile_token_groups)| MatmulTuning {
-            lanes: 32,
-            rows_m1,
-            unroll,
-            unroll_dense: 9 - unroll,
-            rows_down,
-            rows_wide: rows_m1,
-            rows_batched,
-            rows_batched_blocks: 5 - rows_batched,
-            tile_token_groups,
-        },
-    );
+    // Both forms of the float types' batched kernels (tiled in workgroup memory or not),
+    // with rows per lane group that fill a tiled workgroup (3 rows of gate and up) or make
+    // it shrink to fewer lane groups (4 rows).
+    let tunings =
+        [(1, 1, 4, 1, false), (2, 2, 1, 2, true), (4, 2, 3, 3, true), (3, 8, 2, 4, true), (2, 5, 4, 1, true)]
+            .map(|(rows_m1, unroll, rows_down, rows_batched, tiled_batched)| MatmulTuning {
+                lanes: 32,
+                rows_m1,
+                unroll,
+                unroll_dense: 9 - unroll,
+                rows_down,
+                rows_wide: rows_m1,
+                rows_batched,
+                rows_batched_blocks: 5 - rows_batched,
+                tiled_batched,
+            });
     // The last shape's rows take the wide matvec (an LM head; rows_wide): its m=1 dense
     // product alone.
     let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2), (WIDE_ROWS as usize, 256, 2)];

@@ -39,6 +39,11 @@ const M1_WG: u32 = 128;
 /// `shaders/tile_dot.glsl`).
 const TILE_ROW_MATRICES: u32 = 24;
 
+/// Lane groups of a tiled batched workgroup that split a pass's tokens (the `TG`
+/// specialization constant of `shaders/matmul.comp`; with its `TB` of 8 a pass is 16
+/// tokens, `MAX_PT` in `shaders/tile_dot.glsl`).
+const TILE_TOKEN_GROUPS: u32 = 2;
+
 /// How the matmul kernels split their work (`shaders/matmul.comp`'s specialization
 /// constants). `lanes` is part of the summation order, so every kernel of one backend
 /// instance uses the same value; the rest only moves work between invocations.
@@ -70,14 +75,12 @@ pub struct MatmulTuning {
     /// The same for weights in ggml block formats (1..=4), whose dequantisation holds more
     /// registers per row.
     pub rows_batched_blocks: u32,
-    /// Lane groups of a float type's token-batched workgroup that split a pass's tokens,
-    /// 8 each, when its kernels stage their operands in workgroup memory a tile at a time
-    /// (`shaders/tile_dot.glsl`; 1 or 2, the `TG` specialization constant of
-    /// `shaders/matmul.comp`); 0 leaves them untiled, each lane group reading its operands
-    /// from device memory. Tiled on GPUs, untiled on a CPU driver such as lavapipe, which
-    /// gains nothing from workgroup memory and pays for the tiles' longer passes
+    /// Whether the float types' token-batched kernels stage their operands in workgroup
+    /// memory a tile at a time (`shaders/tile_dot.glsl`) instead of each lane group
+    /// reading them from device memory: on for GPUs, off for a CPU driver such as lavapipe,
+    /// which gains nothing from workgroup memory and pays for the tiles' 16-token passes
     /// ([`MatmulTuning::for_device`]).
-    pub tile_token_groups: u32,
+    pub tiled_batched: bool,
 }
 
 impl MatmulTuning {
@@ -110,15 +113,14 @@ impl MatmulTuning {
         rows_wide: 4,
         rows_batched: 3,
         rows_batched_blocks: 2,
-        tile_token_groups: 2,
+        tiled_batched: true,
     };
 
     /// [`MatmulTuning::DEFAULT`] for `device`: without tiled batched kernels on a CPU
     /// driver.
     pub fn for_device(device: &PhysicalDevice) -> MatmulTuning {
         let cpu = device.properties().device_type == PhysicalDeviceType::Cpu;
-        let tiled = MatmulTuning::DEFAULT.tile_token_groups;
-        MatmulTuning { tile_token_groups: if cpu { 0 } else { tiled }, ..MatmulTuning::DEFAULT }
+        MatmulTuning { tiled_batched: !cpu, ..MatmulTuning::DEFAULT }
     }
 }
 
@@ -337,7 +339,6 @@ impl Kernels {
             || !(1..=4).contains(&t.rows_wide)
             || !(1..=4).contains(&t.rows_batched)
             || !(1..=4).contains(&t.rows_batched_blocks)
-            || t.tile_token_groups > 2
             || !(1..=8).contains(&t.unroll)
             || !(1..=8).contains(&t.unroll_dense)
         {
@@ -421,16 +422,17 @@ impl Kernels {
             if dtype.is_block() {
                 return build(name, t.rows_batched_blocks, t.unroll.min(2), WG_SIZE);
             }
-            let tg = t.tile_token_groups;
-            if tg == 0 {
+            if !t.tiled_batched {
                 return build(name, t.rows_batched, t.unroll.min(2), WG_SIZE);
             }
-            let groups = (TILE_ROW_MATRICES / (t.rows_batched * matrices)).min(WG_SIZE / t.lanes / tg);
+            let groups =
+                (TILE_ROW_MATRICES / (t.rows_batched * matrices)).min(WG_SIZE / t.lanes / TILE_TOKEN_GROUPS);
             if groups == 0 {
                 return Err(VulkanError::Unsupported(format!("matmul tuning {t:?}: too many batched rows")));
             }
-            let wg = groups * tg * t.lanes;
-            let spec = Spec::Tiled { rows: t.rows_batched, token_groups: tg, lanes: t.lanes, wg };
+            let wg = groups * TILE_TOKEN_GROUPS * t.lanes;
+            let spec =
+                Spec::Tiled { rows: t.rows_batched, token_groups: TILE_TOKEN_GROUPS, lanes: t.lanes, wg };
             kernel(&self.device, &self.act_layout, &tiled, Some(spec))
         };
         let built = TypedKernels {

@@ -103,13 +103,13 @@ const fn m1(rows_m1: u32, unroll: u32, unroll_dense: u32, rows_down: u32) -> Mat
         rows_wide: 2,
         rows_batched: 1,
         rows_batched_blocks: 1,
-        tile_token_groups: MatmulTuning::DEFAULT.tile_token_groups,
+        tiled_batched: true,
     }
 }
 
 /// How the command line writes a tuning.
 pub const TUNING_SYNTAX: &str =
-    "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE[,ROWS_WIDE[,ROWS_BATCHED[,ROWS_BATCHED_BLOCKS[,TILE_TOKEN_GROUPS]]]]]] (TILE_TOKEN_GROUPS 0: float batched kernels untiled)";
+    "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE[,ROWS_WIDE[,ROWS_BATCHED[,ROWS_BATCHED_BLOCKS[,TILED]]]]]] (TILED: 1 tiles the float batched kernels, 0 does not)";
 
 /// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
 /// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes
