@@ -4,10 +4,8 @@
 // ggml blocks dequantised in registers by quant.glsl).
 // TB = tokens per pass: 1 is the m=1 matvec, 4 (float weights) or 8 (block formats, whose
 // decode is shared by the pass's tokens) the token-batched sibling that reuses each weight
-// chunk for TB tokens (shaders.txt sets it per module). With TILED (float weights, TB 8)
-// the batched kernels stage their operands in workgroup memory (tile_dot.glsl), and TG
-// lane groups split each pass's tokens. All follow common.glsl's summation order exactly,
-// so they give the same bytes for every element.
+// chunk for TB tokens (shaders.txt sets it per module). All follow common.glsl's summation
+// order exactly, so they give the same bytes for every element.
 // With GATE_UP the same shape computes the fused SwiGLU front half of an FFN:
 // out[t][row] = silu(Wg[row] . x[t]) * (Wu[row] . x[t]).
 //
@@ -49,13 +47,7 @@ layout(local_size_x = 256, local_size_x_id = 3) in;
 #define WG_SIZE gl_WorkGroupSize.x
 
 layout(constant_id = 0) const uint RPT = 1u;     // rows per lane group (<= MAX_RPT)
-#ifdef TILED
-// Lane groups that split a pass's tokens (tile_dot.glsl; TG · TB <= its MAX_PT).
-layout(constant_id = 1) const uint TG = 2u;
-#else
 layout(constant_id = 1) const uint UNROLL = 4u;  // chunks loaded ahead (<= MAX_UNROLL)
-#define TG 1u
-#endif
 layout(constant_id = 2) const uint LANES = 32u;  // lanes per row (power of two <= WG_SIZE)
 
 #include "matmul_io.glsl"
@@ -157,30 +149,15 @@ void unpack(vec4 q, out float v[CHUNK]) {
 #define FOR_KI(B) FOR_K(FOR_I({ const uint a = ACC(k, r, i); const uint ra = k * TB + i; B }))
 // The shared tree needs one row's accumulators per invocation; FLAG_COMBINE (m=1) keeps up
 // to MAX_RPT rows per lane group in it. Sizing it by RPT (a specialization constant)
-// instead crashed lavapipe running the batched kernels. The tiled kernels keep it in their
-// tiles' memory (tile_dot.glsl).
-#ifndef TILED
+// instead crashed lavapipe running the batched kernels.
 #if TB == 1
 shared float red[NA * WG_SIZE];
 #else
 shared float red[NACC * TB * WG_SIZE];
 #endif
-#define RED(i) red[i]
-#endif
-
-// Token i's products of row r (its inputs in xq): element q in order, one fma each.
-#define ROW                                                                              \
-    if (r < RPT) {                                                                       \
-        FOR_Q(MAC)                                                                       \
-    }
-#define MAC                                                                              \
-    acc[ACC(0u, r, i)] = fma(wv[r][q], xq[q / 4u][q % 4u], acc[ACC(0u, r, i)]);          \
-    GU(acc[ACC(1u, r, i)] = fma(uv[r][q], xq[q / 4u][q % 4u], acc[ACC(1u, r, i)]);)
 
 #ifdef SLICE_W
 #define MATMUL_DOT SLICE_DOT
-#elif defined(TILED)
-#include "tile_dot.glsl"
 #else
 // The chunk loop of main (its lane, nch, wo, uo, wrow, xb, wvec and acc): lane l takes
 // chunks l, l + LANES, ... of every row, UNROLL at a time.
@@ -242,6 +219,13 @@ shared float red[NACC * TB * WG_SIZE];
         xq[q / 4u] = act4[(xb[i] + e + q) >> 2];                                         \
     }
 #define X_SCALAR xq[q / 4u][q % 4u] = ACT(xb[i] + e + q);
+#define ROW                                                                              \
+    if (r < RPT) {                                                                       \
+        FOR_Q(MAC)                                                                       \
+    }
+#define MAC                                                                              \
+    acc[ACC(0u, r, i)] = fma(wv[r][q], xq[q / 4u][q % 4u], acc[ACC(0u, r, i)]);          \
+    GU(acc[ACC(1u, r, i)] = fma(uv[r][q], xq[q / 4u][q % 4u], acc[ACC(1u, r, i)]);)
 #endif
 
 #ifdef EMBED
@@ -279,17 +263,7 @@ void main() {
     uint grp = f / LANES;
     // FLAG_COMBINE: the workgroup's lane groups share its rows, one table entry each.
     bool comb = TB == 1 && (pc.flags & FLAG_COMBINE) != 0u;
-#ifdef TILED
-    // Lane group grp takes row group rg of the workgroup's rows (from rowb_wg) and the
-    // pass's tokens tok0 .. tok0 + TB - 1 (TG lane groups split a pass's tokens).
-    uint rg = grp / TG;
-    uint tok0 = (grp % TG) * TB;
-    uint rowb_wg = gl_WorkGroupID.x * (WG_SIZE / LANES / TG) * RPT;
-    uint rowb = rowb_wg + rg * RPT;
-#else
-    const uint tok0 = 0u;
     uint rowb = comb ? gl_WorkGroupID.x * RPT : (gl_WorkGroupID.x * (WG_SIZE / LANES) + grp) * RPT;
-#endif
     uvec3 entry = table_entry(comb ? grp : gl_WorkGroupID.y);
     uint delta = entry.x / UNIT_BYTES;
     uint p0 = entry.y;
@@ -319,12 +293,12 @@ void main() {
     uint t_lo = pc.span == 0u ? 0u : gl_WorkGroupID.y * pc.span;
     uint t_hi = pc.span == 0u ? n : min(n, t_lo + pc.span);
 #endif
-    for (uint t0 = t_lo; t0 < t_hi; t0 += TG * TB) {
+    for (uint t0 = t_lo; t0 < t_hi; t0 += TB) {
         precise float acc[NA];
 #define ZERO acc[a] = 0.0;
         FOR_A(ZERO)
         uint xb[TB];
-#define XB xb[i] = pc.x_off + x_row(p0 + min(t0 + tok0 + i, n - 1u)) * pc.x_stride;
+#define XB xb[i] = pc.x_off + x_row(p0 + min(t0 + i, n - 1u)) * pc.x_stride;
         FOR_I(XB)
         // The input loads' alignment test sits outside the loops (the dot product is
         // written twice, with XV a constant), so no branch separates a token's loads from
@@ -362,11 +336,11 @@ void main() {
         // fill red), so the batched kernels' red stays one row's size whatever their rows.
         uint s = LANES / 2u;
         if (gl_SubgroupSize < LANES) {
-#define TO_SHARED RED(ra * WG_SIZE + f) = acc[a];
+#define TO_SHARED red[ra * WG_SIZE + f] = acc[a];
 #define TREE_SHARED                                                                      \
-    precise float t = RED(ra * WG_SIZE + f) + RED(ra * WG_SIZE + f + h);                 \
-    RED(ra * WG_SIZE + f) = t;
-#define FROM_SHARED acc[a] = RED(ra * WG_SIZE + f);
+    precise float t = red[ra * WG_SIZE + f] + red[ra * WG_SIZE + f + h];                 \
+    red[ra * WG_SIZE + f] = t;
+#define FROM_SHARED acc[a] = red[ra * WG_SIZE + f];
 #define ROW_TREE                                                                         \
     if (r < RPT) {                                                                       \
         FOR_KI(TO_SHARED)                                                                \
@@ -380,9 +354,6 @@ void main() {
         FOR_KI(FROM_SHARED)                                                              \
         barrier();                                                                       \
     }
-#ifdef TILED
-            barrier(); // the last tile's products are read before RED overwrites them
-#endif
             FOR_R(ROW_TREE)
             s = gl_SubgroupSize / 2u;
         }
@@ -431,7 +402,7 @@ void main() {
     }
             FOR_R(FOR_I(PICK))
             uint row = rowb + o / TB;
-            uint i = tok0 + o % TB;
+            uint i = o % TB;
             if (row < pc.rows && t0 + i < n) {
                 GU(precise float hv = silu(val) * up; val = hv;)
                 store_out(out_at(row) + out_row(p0 + t0 + i) * pc.out_stride, val);

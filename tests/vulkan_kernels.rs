@@ -16,9 +16,7 @@ use smoe_actors::vulkan::harness::{
     weight_unit, AttentionArgs, AttentionShape, DeltaArgs, KernelHarness, MatmulArgs, MatmulTuning,
     Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE, WIDE_ROWS,
 };
-use smoe_actors::vulkan::VulkanContext;
 use smoe_proto::DType;
-use std::sync::Arc;
 
 const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
@@ -38,25 +36,6 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (65, 800, 3),
     (33, 1280, 9),
 ];
-
-/// Which weight types a harness of [`batched_harnesses`] checks.
-type Covers = fn(&DType) -> bool;
-
-/// The harnesses the batched tests run on, each with the weight types it checks: the
-/// device's own tuning (every type) and, where that leaves the float types' batched
-/// kernels untiled (a CPU driver such as lavapipe), one with them tiled
-/// (`shaders/tile_dot.glsl`), for the float types alone: the block formats' kernels are
-/// the same in both.
-fn batched_harnesses(ctx: &Arc<VulkanContext>, act: usize, route: usize) -> Vec<(KernelHarness, Covers)> {
-    let own = MatmulTuning::for_device(ctx.device.physical_device());
-    let mut hs: Vec<(KernelHarness, Covers)> =
-        vec![(KernelHarness::with_tuning(ctx.clone(), act, route, own).unwrap(), |_| true)];
-    if !own.tiled_batched {
-        let tiled = MatmulTuning { tiled_batched: true, ..own };
-        hs.push((KernelHarness::with_tuning(ctx.clone(), act, route, tiled).unwrap(), |d| !d.is_block()));
-    }
-    hs
-}
 
 fn rand_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
@@ -160,55 +139,53 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn batched_matmul_is_byte_identical_to_matvec() {
     let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 1024).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     // The last shape is an LM head's: its m=1 product takes the wide matvec.
     let wide = (WIDE_ROWS as usize + 3, 256, 2);
-    for (h, covers) in batched_harnesses(&ctx, 1 << 20, 1024) {
-        for &(rows, cols, m) in SHAPES.iter().chain([&wide]) {
-            let mats: Vec<Mat> =
-                dtypes(cols).filter(covers).map(|d| Mat::random(&mut rng, d, rows, cols)).collect();
-            // x_off 0 takes the vector path where shapes allow; 3 forces the scalar path.
-            for x_off in [0usize, 3] {
-                let xs = rand_vec(&mut rng, m * cols);
-                h.write_act(x_off, &xs).unwrap();
-                let out_b = 300_000;
-                let out_1 = 600_000;
-                for mat in &mats {
-                    let view = mat.view();
-                    let w = h.weight(&view, false).unwrap();
+    for &(rows, cols, m) in SHAPES.iter().chain([&wide]) {
+        let mats: Vec<Mat> = dtypes(cols).map(|d| Mat::random(&mut rng, d, rows, cols)).collect();
+        // x_off 0 takes the vector path where shapes allow; 3 forces the scalar path.
+        for x_off in [0usize, 3] {
+            let xs = rand_vec(&mut rng, m * cols);
+            h.write_act(x_off, &xs).unwrap();
+            let out_b = 300_000;
+            let out_1 = 600_000;
+            for mat in &mats {
+                let view = mat.view();
+                let w = h.weight(&view, false).unwrap();
+                let a = MatmulArgs {
+                    m: m as u32,
+                    x_off: x_off as u32,
+                    x_stride: cols as u32,
+                    out_off: out_b,
+                    out_stride: rows as u32,
+                    ..Default::default()
+                };
+                h.matmul(&w, a, true, 1).unwrap();
+                for t in 0..m {
                     let a = MatmulArgs {
-                        m: m as u32,
-                        x_off: x_off as u32,
+                        m: 1,
+                        x_off: (x_off + t * cols) as u32,
                         x_stride: cols as u32,
-                        out_off: out_b,
+                        out_off: out_1 + (t * rows) as u32,
                         out_stride: rows as u32,
                         ..Default::default()
                     };
-                    h.matmul(&w, a, true, 1).unwrap();
-                    for t in 0..m {
-                        let a = MatmulArgs {
-                            m: 1,
-                            x_off: (x_off + t * cols) as u32,
-                            x_stride: cols as u32,
-                            out_off: out_1 + (t * rows) as u32,
-                            out_stride: rows as u32,
-                            ..Default::default()
-                        };
-                        h.matmul(&w, a, false, 1).unwrap();
-                    }
-                    let batched = h.read_act(out_b as usize, m * rows).unwrap();
-                    let single = h.read_act(out_1 as usize, m * rows).unwrap();
-                    assert_eq!(
-                        bits(&batched),
-                        bits(&single),
-                        "{:?} rows {rows} cols {cols} m {m} x_off {x_off}",
-                        w.dtype
-                    );
-                    let mut cpu = vec![0.0; m * rows];
-                    kernels::matmul(&view, &xs, m, &mut cpu);
-                    let d = max_rel(&single, &cpu);
-                    assert!(d < 1e-4, "matvec vs CPU: {d} ({:?} rows {rows} cols {cols})", w.dtype);
+                    h.matmul(&w, a, false, 1).unwrap();
                 }
+                let batched = h.read_act(out_b as usize, m * rows).unwrap();
+                let single = h.read_act(out_1 as usize, m * rows).unwrap();
+                assert_eq!(
+                    bits(&batched),
+                    bits(&single),
+                    "{:?} rows {rows} cols {cols} m {m} x_off {x_off}",
+                    w.dtype
+                );
+                let mut cpu = vec![0.0; m * rows];
+                kernels::matmul(&view, &xs, m, &mut cpu);
+                let d = max_rel(&single, &cpu);
+                assert!(d < 1e-4, "matvec vs CPU: {d} ({:?} rows {rows} cols {cols})", w.dtype);
             }
         }
     }
@@ -217,52 +194,49 @@ fn batched_matmul_is_byte_identical_to_matvec() {
 #[test]
 fn batched_gate_up_with_gather_is_byte_identical_to_m1() {
     let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 4096).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(12);
-    for (h, covers) in batched_harnesses(&ctx, 1 << 20, 4096) {
-        for &(rows, cols, m) in SHAPES {
-            let xs = rand_vec(&mut rng, m * cols);
-            h.write_act(0, &xs).unwrap();
-            // Pair indices t·k + r with k = 3, in a scrambled token order: token of pair j is
-            // map[j] / 3.
-            let k = 3u32;
-            let map: Vec<u32> = (0..m as u32).rev().map(|t| t * k + (t % k)).collect();
-            h.write_route(&map).unwrap();
-            for dtype in dtypes(cols).filter(covers) {
-                let (g, u) =
-                    (Mat::random(&mut rng, dtype, rows, cols), Mat::random(&mut rng, dtype, rows, cols));
-                let gw = h.weight(&g.view(), false).unwrap();
-                let uw = h.weight(&u.view(), true).unwrap();
-                let pair = h.pair(&gw, &uw).unwrap();
-                let base = MatmulArgs {
-                    x_off: 0,
-                    x_stride: cols as u32,
-                    out_stride: rows as u32,
-                    map_div: k,
-                    flags: FLAG_GATHER,
-                    ..Default::default()
-                };
-                h.gate_up(&gw, &pair, MatmulArgs { m: m as u32, out_off: 300_000, ..base }, true, 1).unwrap();
-                for j in 0..m {
-                    let a =
-                        MatmulArgs { m: 1, map_off: j as u32, out_off: 600_000 + (j * rows) as u32, ..base };
-                    h.gate_up(&gw, &pair, a, false, 1).unwrap();
-                }
-                let batched = h.read_act(300_000, m * rows).unwrap();
-                let single = h.read_act(600_000, m * rows).unwrap();
-                assert_eq!(bits(&batched), bits(&single), "{:?} rows {rows} cols {cols} m {m}", gw.dtype);
-                // CPU: silu(g·x) * (u·x) for the gathered rows.
-                let (gv, uv) = (g.view(), u.view());
-                for (j, &p) in map.iter().enumerate() {
-                    let t = (p / k) as usize;
-                    let x = &xs[t * cols..(t + 1) * cols];
-                    for r in 0..rows {
-                        let want = kernels::silu(kernels::row_dot(&gv, r, x)) * kernels::row_dot(&uv, r, x);
-                        let got = single[j * rows + r];
-                        assert!(
-                            (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                            "gate_up vs CPU: {got} vs {want} ({dtype} rows {rows} cols {cols})"
-                        );
-                    }
+    for &(rows, cols, m) in SHAPES {
+        let xs = rand_vec(&mut rng, m * cols);
+        h.write_act(0, &xs).unwrap();
+        // Pair indices t·k + r with k = 3, in a scrambled token order: token of pair j is
+        // map[j] / 3.
+        let k = 3u32;
+        let map: Vec<u32> = (0..m as u32).rev().map(|t| t * k + (t % k)).collect();
+        h.write_route(&map).unwrap();
+        for dtype in dtypes(cols) {
+            let (g, u) = (Mat::random(&mut rng, dtype, rows, cols), Mat::random(&mut rng, dtype, rows, cols));
+            let gw = h.weight(&g.view(), false).unwrap();
+            let uw = h.weight(&u.view(), true).unwrap();
+            let pair = h.pair(&gw, &uw).unwrap();
+            let base = MatmulArgs {
+                x_off: 0,
+                x_stride: cols as u32,
+                out_stride: rows as u32,
+                map_div: k,
+                flags: FLAG_GATHER,
+                ..Default::default()
+            };
+            h.gate_up(&gw, &pair, MatmulArgs { m: m as u32, out_off: 300_000, ..base }, true, 1).unwrap();
+            for j in 0..m {
+                let a = MatmulArgs { m: 1, map_off: j as u32, out_off: 600_000 + (j * rows) as u32, ..base };
+                h.gate_up(&gw, &pair, a, false, 1).unwrap();
+            }
+            let batched = h.read_act(300_000, m * rows).unwrap();
+            let single = h.read_act(600_000, m * rows).unwrap();
+            assert_eq!(bits(&batched), bits(&single), "{:?} rows {rows} cols {cols} m {m}", gw.dtype);
+            // CPU: silu(g·x) * (u·x) for the gathered rows.
+            let (gv, uv) = (g.view(), u.view());
+            for (j, &p) in map.iter().enumerate() {
+                let t = (p / k) as usize;
+                let x = &xs[t * cols..(t + 1) * cols];
+                for r in 0..rows {
+                    let want = kernels::silu(kernels::row_dot(&gv, r, x)) * kernels::row_dot(&uv, r, x);
+                    let got = single[j * rows + r];
+                    assert!(
+                        (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "gate_up vs CPU: {got} vs {want} ({dtype} rows {rows} cols {cols})"
+                    );
                 }
             }
         }
@@ -272,38 +246,37 @@ fn batched_gate_up_with_gather_is_byte_identical_to_m1() {
 #[test]
 fn batched_scatter_and_accumulate_are_byte_identical_to_m1() {
     let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 1024).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     let (rows, cols, m) = (77usize, 45usize, 13usize);
-    for (h, _) in batched_harnesses(&ctx, 1 << 20, 1024) {
-        let w = h.weight(&Mat::random(&mut rng, DType::F32, rows, cols).view(), true).unwrap();
-        let xs = rand_vec(&mut rng, m * cols);
-        let init = rand_vec(&mut rng, m * rows);
-        h.write_act(0, &xs).unwrap();
-        let map: Vec<u32> = (0..m as u32).map(|j| (j * 5) % m as u32).collect();
-        h.write_route(&map).unwrap();
-        for (out, batched) in [(300_000u32, true), (600_000, false)] {
-            h.write_act(out as usize, &init).unwrap();
-            let a = MatmulArgs {
-                x_off: 0,
-                x_stride: cols as u32,
-                out_off: out,
-                out_stride: rows as u32,
-                flags: FLAG_SCATTER | FLAG_ACCUMULATE,
-                ..Default::default()
-            };
-            if batched {
-                h.matmul(&w, MatmulArgs { m: m as u32, ..a }, true, 1).unwrap();
-            } else {
-                for j in 0..m as u32 {
-                    let a = MatmulArgs { m: 1, x_off: j * cols as u32, map_off: j, ..a };
-                    h.matmul(&w, a, false, 1).unwrap();
-                }
+    let w = h.weight(&Mat::random(&mut rng, DType::F32, rows, cols).view(), true).unwrap();
+    let xs = rand_vec(&mut rng, m * cols);
+    let init = rand_vec(&mut rng, m * rows);
+    h.write_act(0, &xs).unwrap();
+    let map: Vec<u32> = (0..m as u32).map(|j| (j * 5) % m as u32).collect();
+    h.write_route(&map).unwrap();
+    for (out, batched) in [(300_000u32, true), (600_000, false)] {
+        h.write_act(out as usize, &init).unwrap();
+        let a = MatmulArgs {
+            x_off: 0,
+            x_stride: cols as u32,
+            out_off: out,
+            out_stride: rows as u32,
+            flags: FLAG_SCATTER | FLAG_ACCUMULATE,
+            ..Default::default()
+        };
+        if batched {
+            h.matmul(&w, MatmulArgs { m: m as u32, ..a }, true, 1).unwrap();
+        } else {
+            for j in 0..m as u32 {
+                let a = MatmulArgs { m: 1, x_off: j * cols as u32, map_off: j, ..a };
+                h.matmul(&w, a, false, 1).unwrap();
             }
         }
-        let b = h.read_act(300_000, m * rows).unwrap();
-        let s = h.read_act(600_000, m * rows).unwrap();
-        assert_eq!(bits(&b), bits(&s));
     }
+    let b = h.read_act(300_000, m * rows).unwrap();
+    let s = h.read_act(600_000, m * rows).unwrap();
+    assert_eq!(bits(&b), bits(&s));
 }
 
 /// Writes `pairs` token indices (pair p → token `map[p]`), then the expert table at
@@ -352,126 +325,123 @@ impl Blobs {
 #[test]
 fn expert_table_dispatch_is_byte_identical_to_one_dispatch_per_expert() {
     let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 4096).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(14);
     // Experts with 1 (m=1 kernel alone), 5 and 9 pairs, in one table dispatch.
     let segs = [(0u32, 5u32), (5, 1), (6, 9)];
     let (e, pairs, tokens, tab) = (segs.len(), 15usize, 7usize, 1024usize);
-    for (h, covers) in batched_harnesses(&ctx, 1 << 20, 4096) {
-        for &(inter, hidden) in &[(37usize, 45usize), (32, 96), (256, 512)] {
-            // Every type for all three parts, and mixes of gate/up and down types (a Q4_K_M
-            // file keeps some layers' down projections in Q6_K).
-            let same = DType::ALL.map(|d| [d, d]);
-            let mixed = [
-                [DType::Q4K, DType::Q6K],
-                [DType::Q5K, DType::Q8_0],
-                [DType::Bf16, DType::Q4_0],
-                [DType::Q6K, DType::F16],
-            ];
-            let kinds = same
-                .iter()
-                .chain(&mixed)
-                .filter(|[g, d]| g.row_bytes(hidden).is_some() && d.row_bytes(inter).is_some())
-                .filter(|[g, d]| covers(g) || covers(d));
-            for &[gu, dn] in kinds {
-                let b = Blobs::random(&mut rng, e, [gu, dn], inter, hidden);
-                let (down_set, pair) = h.blobs(bytemuck::cast_slice(&b.words), false).unwrap();
-                let (ug, ud) = (weight_unit(gu), weight_unit(dn));
-                let at =
-                    |i: usize, part: usize, unit: u64| ((i as u64 * b.stride + b.parts[part]) / unit) as u32;
-                h.write_act(0, &rand_vec(&mut rng, tokens * hidden)).unwrap();
-                let map: Vec<u32> = (0..pairs as u32).map(|p| (p * 3) % tokens as u32).collect();
-                write_table(&h, &map, tab, b.stride, &segs);
-                // gate/up: gathered inputs, outputs by pair; then the down projection: inputs by
-                // pair, scattered (accumulated) outputs.
-                let gate_up = MatmulArgs {
-                    rows: inter as u32,
-                    cols: hidden as u32,
-                    x_stride: hidden as u32,
-                    out_stride: inter as u32,
-                    map_div: 1,
-                    flags: FLAG_GATHER,
-                    ..Default::default()
-                };
-                let (t_out, e_out) = (300_000u32, 600_000u32);
-                h.run(
-                    |r| {
+    for &(inter, hidden) in &[(37usize, 45usize), (32, 96), (256, 512)] {
+        // Every type for all three parts, and mixes of gate/up and down types (a Q4_K_M
+        // file keeps some layers' down projections in Q6_K).
+        let same = DType::ALL.map(|d| [d, d]);
+        let mixed = [
+            [DType::Q4K, DType::Q6K],
+            [DType::Q5K, DType::Q8_0],
+            [DType::Bf16, DType::Q4_0],
+            [DType::Q6K, DType::F16],
+        ];
+        let kinds = same
+            .iter()
+            .chain(&mixed)
+            .filter(|[g, d]| g.row_bytes(hidden).is_some() && d.row_bytes(inter).is_some());
+        for &[gu, dn] in kinds {
+            let b = Blobs::random(&mut rng, e, [gu, dn], inter, hidden);
+            let (down_set, pair) = h.blobs(bytemuck::cast_slice(&b.words), false).unwrap();
+            let (ug, ud) = (weight_unit(gu), weight_unit(dn));
+            let at = |i: usize, part: usize, unit: u64| ((i as u64 * b.stride + b.parts[part]) / unit) as u32;
+            h.write_act(0, &rand_vec(&mut rng, tokens * hidden)).unwrap();
+            let map: Vec<u32> = (0..pairs as u32).map(|p| (p * 3) % tokens as u32).collect();
+            write_table(&h, &map, tab, b.stride, &segs);
+            // gate/up: gathered inputs, outputs by pair; then the down projection: inputs by
+            // pair, scattered (accumulated) outputs.
+            let gate_up = MatmulArgs {
+                rows: inter as u32,
+                cols: hidden as u32,
+                x_stride: hidden as u32,
+                out_stride: inter as u32,
+                map_div: 1,
+                flags: FLAG_GATHER,
+                ..Default::default()
+            };
+            let (t_out, e_out) = (300_000u32, 600_000u32);
+            h.run(
+                |r| {
+                    let a = MatmulArgs {
+                        w_off: at(0, 0, ug),
+                        w2_off: at(0, 1, ug),
+                        out_off: t_out,
+                        flags: FLAG_GATHER | FLAG_TABLE,
+                        tab_off: tab as u32,
+                        groups: e as u32,
+                        ..gate_up
+                    };
+                    r.matmul(Projection::GateUp, gu, true, pair.clone(), a)?;
+                    for (i, &(s, n)) in segs.iter().enumerate() {
                         let a = MatmulArgs {
-                            w_off: at(0, 0, ug),
-                            w2_off: at(0, 1, ug),
-                            out_off: t_out,
-                            flags: FLAG_GATHER | FLAG_TABLE,
-                            tab_off: tab as u32,
-                            groups: e as u32,
+                            m: n,
+                            w_off: at(i, 0, ug),
+                            w2_off: at(i, 1, ug),
+                            map_off: s,
+                            out_off: e_out + s * inter as u32,
                             ..gate_up
                         };
-                        r.matmul(Projection::GateUp, gu, true, pair.clone(), a)?;
-                        for (i, &(s, n)) in segs.iter().enumerate() {
-                            let a = MatmulArgs {
-                                m: n,
-                                w_off: at(i, 0, ug),
-                                w2_off: at(i, 1, ug),
-                                map_off: s,
-                                out_off: e_out + s * inter as u32,
-                                ..gate_up
-                            };
-                            r.matmul(Projection::GateUp, gu, n > 1, pair.clone(), a)?;
-                        }
-                        Ok(())
-                    },
-                    1,
-                )
-                .unwrap();
-                let x = h.read_act(t_out as usize, pairs * inter).unwrap();
-                let y = h.read_act(e_out as usize, pairs * inter).unwrap();
-                assert_eq!(bits(&x), bits(&y), "gate/up {gu}/{dn} inter {inter} hidden {hidden}");
-                // Scattered rows are distinct (as the executor's pair rows are).
-                let perm: Vec<u32> = (0..pairs as u32).map(|p| (p * 4) % pairs as u32).collect();
-                write_table(&h, &perm, tab, b.stride, &segs);
-                let init = rand_vec(&mut rng, pairs * hidden);
-                h.write_act(t_out as usize, &init).unwrap();
-                h.write_act(e_out as usize, &init).unwrap();
-                let x_off = 100_000u32;
-                h.write_act(x_off as usize, &rand_vec(&mut rng, pairs * inter)).unwrap();
-                let down = MatmulArgs {
-                    rows: hidden as u32,
-                    cols: inter as u32,
-                    x_off,
-                    x_stride: inter as u32,
-                    out_stride: hidden as u32,
-                    flags: FLAG_SCATTER | FLAG_ACCUMULATE,
-                    ..Default::default()
-                };
-                h.run(
-                    |r| {
+                        r.matmul(Projection::GateUp, gu, n > 1, pair.clone(), a)?;
+                    }
+                    Ok(())
+                },
+                1,
+            )
+            .unwrap();
+            let x = h.read_act(t_out as usize, pairs * inter).unwrap();
+            let y = h.read_act(e_out as usize, pairs * inter).unwrap();
+            assert_eq!(bits(&x), bits(&y), "gate/up {gu}/{dn} inter {inter} hidden {hidden}");
+            // Scattered rows are distinct (as the executor's pair rows are).
+            let perm: Vec<u32> = (0..pairs as u32).map(|p| (p * 4) % pairs as u32).collect();
+            write_table(&h, &perm, tab, b.stride, &segs);
+            let init = rand_vec(&mut rng, pairs * hidden);
+            h.write_act(t_out as usize, &init).unwrap();
+            h.write_act(e_out as usize, &init).unwrap();
+            let x_off = 100_000u32;
+            h.write_act(x_off as usize, &rand_vec(&mut rng, pairs * inter)).unwrap();
+            let down = MatmulArgs {
+                rows: hidden as u32,
+                cols: inter as u32,
+                x_off,
+                x_stride: inter as u32,
+                out_stride: hidden as u32,
+                flags: FLAG_SCATTER | FLAG_ACCUMULATE,
+                ..Default::default()
+            };
+            h.run(
+                |r| {
+                    let a = MatmulArgs {
+                        w_off: at(0, 2, ud),
+                        out_off: t_out,
+                        flags: down.flags | FLAG_TABLE,
+                        tab_off: tab as u32,
+                        groups: e as u32,
+                        ..down
+                    };
+                    r.matmul(Projection::Down, dn, true, down_set.clone(), a)?;
+                    for (i, &(s, n)) in segs.iter().enumerate() {
                         let a = MatmulArgs {
-                            w_off: at(0, 2, ud),
-                            out_off: t_out,
-                            flags: down.flags | FLAG_TABLE,
-                            tab_off: tab as u32,
-                            groups: e as u32,
+                            m: n,
+                            w_off: at(i, 2, ud),
+                            x_off: x_off + s * inter as u32,
+                            map_off: s,
+                            out_off: e_out,
                             ..down
                         };
-                        r.matmul(Projection::Down, dn, true, down_set.clone(), a)?;
-                        for (i, &(s, n)) in segs.iter().enumerate() {
-                            let a = MatmulArgs {
-                                m: n,
-                                w_off: at(i, 2, ud),
-                                x_off: x_off + s * inter as u32,
-                                map_off: s,
-                                out_off: e_out,
-                                ..down
-                            };
-                            r.matmul(Projection::Down, dn, n > 1, down_set.clone(), a)?;
-                        }
-                        Ok(())
-                    },
-                    1,
-                )
-                .unwrap();
-                let x = h.read_act(t_out as usize, pairs * hidden).unwrap();
-                let y = h.read_act(e_out as usize, pairs * hidden).unwrap();
-                assert_eq!(bits(&x), bits(&y), "down {gu}/{dn} inter {inter} hidden {hidden}");
-            }
+                        r.matmul(Projection::Down, dn, n > 1, down_set.clone(), a)?;
+                    }
+                    Ok(())
+                },
+                1,
+            )
+            .unwrap();
+            let x = h.read_act(t_out as usize, pairs * hidden).unwrap();
+            let y = h.read_act(e_out as usize, pairs * hidden).unwrap();
+            assert_eq!(bits(&x), bits(&y), "down {gu}/{dn} inter {inter} hidden {hidden}");
         }
     }
 }
@@ -551,22 +521,18 @@ fn the_combining_down_projection_is_the_down_projection_then_the_combine() {
 fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let Some(ctx) = vulkan::context() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(15);
-    // Both forms of the float types' batched kernels (tiled in workgroup memory or not),
-    // with rows per lane group that fill a tiled workgroup (3 rows of gate and up) or make
-    // it shrink to fewer lane groups (4 rows).
-    let tunings =
-        [(1, 1, 4, 1, false), (2, 2, 1, 2, true), (4, 2, 3, 3, true), (3, 8, 2, 4, true), (2, 5, 4, 1, true)]
-            .map(|(rows_m1, unroll, rows_down, rows_batched, tiled_batched)| MatmulTuning {
-                lanes: 32,
-                rows_m1,
-                unroll,
-                unroll_dense: 9 - unroll,
-                rows_down,
-                rows_wide: rows_m1,
-                rows_batched,
-                rows_batched_blocks: 5 - rows_batched,
-                tiled_batched,
-            });
+    let tunings = [(1, 1, 4, 1), (2, 2, 1, 2), (4, 2, 3, 3), (3, 8, 2, 4), (2, 5, 4, 1)].map(
+        |(rows_m1, unroll, rows_down, rows_batched)| MatmulTuning {
+            lanes: 32,
+            rows_m1,
+            unroll,
+            unroll_dense: 9 - unroll,
+            rows_down,
+            rows_wide: rows_m1,
+            rows_batched,
+            rows_batched_blocks: 5 - rows_batched,
+        },
+    );
     // The last shape's rows take the wide matvec (an LM head; rows_wide): its m=1 dense
     // product alone.
     let shapes = [(37usize, 45usize, 3usize), (130, 96, 9), (40, 2048, 2), (WIDE_ROWS as usize, 256, 2)];

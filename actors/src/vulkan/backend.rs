@@ -96,8 +96,7 @@ impl VulkanBackend {
             return Err(VulkanError::Unsupported(format!("linear_key_head_dim {dk} > {MAX_KEY_DIM}")));
         }
         let m = max_rows.max(1);
-        let kernels =
-            Arc::new(Kernels::new(&ctx.device, MatmulTuning::for_device(ctx.device.physical_device()))?);
+        let kernels = Arc::new(Kernels::new(&ctx.device, MatmulTuning::default())?);
         kernels.attention.split_for(AttentionShape::of(&c))?;
         let a = Arena::new(&model, m)?;
         let act = device_buffer::<f32>(&ctx, a.len as u64, BufferUsage::STORAGE_BUFFER)?;

@@ -74,10 +74,9 @@ fn act_set(
 
 impl KernelHarness {
     /// A harness with `act_len` activation floats and `route_len` routing words, and the
-    /// backend's matmul tuning for the device.
+    /// backend's default matmul tuning.
     pub fn new(ctx: Arc<VulkanContext>, act_len: usize, route_len: usize) -> Result<Self, VulkanError> {
-        let tuning = MatmulTuning::for_device(ctx.device.physical_device());
-        Self::with_tuning(ctx, act_len, route_len, tuning)
+        Self::with_tuning(ctx, act_len, route_len, MatmulTuning::default())
     }
 
     /// [`KernelHarness::new`] with the matmul kernels split as `tuning` says.

@@ -11,7 +11,7 @@ use smoe_proto::DType;
 use vulkano::descriptor_set::layout::{
     DescriptorSetLayout, DescriptorSetLayoutBinding, DescriptorSetLayoutCreateInfo, DescriptorType,
 };
-use vulkano::device::physical::{PhysicalDevice, PhysicalDeviceType, SubgroupFeatures};
+use vulkano::device::physical::SubgroupFeatures;
 use vulkano::device::Device;
 use vulkano::pipeline::compute::ComputePipelineCreateInfo;
 use vulkano::pipeline::layout::{PipelineDescriptorSetLayoutCreateInfo, PipelineLayoutCreateInfo};
@@ -34,15 +34,6 @@ const WG_SIZE: u32 = 256;
 /// (`bench/results/gpu-q4k-probes-h200-2026-12-02.txt`). The batched kernels' tests
 /// against the m=1 ones compare the two sizes.
 const M1_WG: u32 = 128;
-
-/// Row-matrices (rows × gate/up) one tiled batched workgroup holds (`MAX_RM` in
-/// `shaders/tile_dot.glsl`).
-const TILE_ROW_MATRICES: u32 = 24;
-
-/// Lane groups of a tiled batched workgroup that split a pass's tokens (the `TG`
-/// specialization constant of `shaders/matmul.comp`; with its `TB` of 8 a pass is 16
-/// tokens, `MAX_PT` in `shaders/tile_dot.glsl`).
-const TILE_TOKEN_GROUPS: u32 = 2;
 
 /// How the matmul kernels split their work (`shaders/matmul.comp`'s specialization
 /// constants). `lanes` is part of the summation order, so every kernel of one backend
@@ -75,12 +66,6 @@ pub struct MatmulTuning {
     /// The same for weights in ggml block formats (1..=4), whose dequantisation holds more
     /// registers per row.
     pub rows_batched_blocks: u32,
-    /// Whether the float types' token-batched kernels stage their operands in workgroup
-    /// memory a tile at a time (`shaders/tile_dot.glsl`) instead of each lane group
-    /// reading them from device memory: on for GPUs, off for a CPU driver such as lavapipe,
-    /// which gains nothing from workgroup memory and pays for the tiles' 16-token passes
-    /// ([`MatmulTuning::for_device`]).
-    pub tiled_batched: bool,
 }
 
 impl MatmulTuning {
@@ -113,14 +98,13 @@ impl MatmulTuning {
         rows_wide: 4,
         rows_batched: 3,
         rows_batched_blocks: 2,
-        tiled_batched: true,
     };
+}
 
-    /// [`MatmulTuning::DEFAULT`] for `device`: without tiled batched kernels on a CPU
-    /// driver.
-    pub fn for_device(device: &PhysicalDevice) -> MatmulTuning {
-        let cpu = device.properties().device_type == PhysicalDeviceType::Cpu;
-        MatmulTuning { tiled_batched: !cpu, ..MatmulTuning::DEFAULT }
+impl Default for MatmulTuning {
+    /// [`MatmulTuning::DEFAULT`].
+    fn default() -> Self {
+        MatmulTuning::DEFAULT
     }
 }
 
@@ -152,19 +136,6 @@ pub enum Spec {
         /// Invocations per workgroup.
         wg: u32,
     },
-    /// A token-batched float kernel that stages its tiles in workgroup memory
-    /// (`shaders/tile_dot.glsl`): rows per lane group, lane groups that split a pass's
-    /// tokens, lanes per row, invocations per workgroup.
-    Tiled {
-        /// Rows per lane group.
-        rows: u32,
-        /// Lane groups that split a pass's tokens.
-        token_groups: u32,
-        /// Lanes that split one dot product.
-        lanes: u32,
-        /// Invocations per workgroup.
-        wg: u32,
-    },
     /// The split attention kernel's shape (`shaders/attention.comp`'s `HD`, `GQ`, `SR`,
     /// `PR`; [`super::attention::AttentionKernels::split_for`]).
     Attention([u32; 4]),
@@ -175,7 +146,6 @@ impl Spec {
     pub fn constants(&self) -> [u32; 4] {
         match *self {
             Spec::Matmul { rows, unroll, lanes, wg } => [rows, unroll, lanes, wg],
-            Spec::Tiled { rows, token_groups, lanes, wg } => [rows, token_groups, lanes, wg],
             Spec::Attention(c) => c,
         }
     }
@@ -187,7 +157,6 @@ impl Kernel {
     pub fn rows_per_wg(&self) -> u32 {
         match self.spec {
             Some(Spec::Matmul { rows, lanes, wg, .. }) => wg / lanes * rows,
-            Some(Spec::Tiled { rows, token_groups, lanes, wg }) => wg / lanes / token_groups * rows,
             _ => 1,
         }
     }
@@ -196,7 +165,7 @@ impl Kernel {
     /// others.
     pub fn rows_per_lane_group(&self) -> u32 {
         match self.spec {
-            Some(Spec::Matmul { rows, .. } | Spec::Tiled { rows, .. }) => rows,
+            Some(Spec::Matmul { rows, .. }) => rows,
             _ => 1,
         }
     }
@@ -415,32 +384,13 @@ impl Kernels {
                 Some(Spec::Matmul { rows, unroll, lanes: t.lanes, wg }),
             )
         };
-        // Token-batched kernels: the block formats' as the m=1 ones, the float types'
-        // tiled (`shaders/tile_dot.glsl`) with at most TILE_ROW_MATRICES rows × matrices a
-        // workgroup (fewer lane groups where the rows would not fit).
-        let batched = |name: String, tiled: String, matrices: u32| {
-            if dtype.is_block() {
-                return build(name, t.rows_batched_blocks, t.unroll.min(2), WG_SIZE);
-            }
-            if !t.tiled_batched {
-                return build(name, t.rows_batched, t.unroll.min(2), WG_SIZE);
-            }
-            let groups =
-                (TILE_ROW_MATRICES / (t.rows_batched * matrices)).min(WG_SIZE / t.lanes / TILE_TOKEN_GROUPS);
-            if groups == 0 {
-                return Err(VulkanError::Unsupported(format!("matmul tuning {t:?}: too many batched rows")));
-            }
-            let wg = groups * TILE_TOKEN_GROUPS * t.lanes;
-            let spec =
-                Spec::Tiled { rows: t.rows_batched, token_groups: TILE_TOKEN_GROUPS, lanes: t.lanes, wg };
-            kernel(&self.device, &self.act_layout, &tiled, Some(spec))
-        };
+        let rows_batched = if dtype.is_block() { t.rows_batched_blocks } else { t.rows_batched };
         let built = TypedKernels {
             matvec: build(format!("matvec_{ty}"), t.rows_m1, t.unroll_dense, M1_WG)?,
             matvec_wide: build(format!("matvec_{ty}"), t.rows_wide, t.unroll, M1_WG)?,
-            matmul: batched(format!("matmul_{ty}"), format!("matmul_tiled_{ty}"), 1)?,
+            matmul: build(format!("matmul_{ty}"), rows_batched, t.unroll.min(2), WG_SIZE)?,
             gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll, M1_WG)?,
-            gate_up_batched: batched(format!("gate_up_batched_{ty}"), format!("gate_up_tiled_{ty}"), 2)?,
+            gate_up_batched: build(format!("gate_up_batched_{ty}"), rows_batched, t.unroll.min(2), WG_SIZE)?,
             down: build(format!("matvec_{ty}"), t.rows_down, t.unroll, M1_WG)?,
             embed: match dtype {
                 DType::F32 | DType::Bf16 => None,

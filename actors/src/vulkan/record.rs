@@ -139,9 +139,9 @@ impl MatmulArgs {
 }
 
 /// The span unit of a token split: a multiple of the tokens every token-batched kernel
-/// takes per pass (`shaders/matmul.comp`: 16 for float weights, whose tiled kernels split
-/// a pass over two lane groups of 8, and 8 for block formats), so a span is whole passes.
-const BATCH_TOKENS: u32 = 16;
+/// takes per pass (`TB` in `shaders/matmul.comp`: 4 for float weights, 8 for block
+/// formats), so a span is whole passes.
+const BATCH_TOKENS: u32 = 8;
 
 /// Workgroups a token-batched dense product is split to (see [`MatmulArgs::split_tokens`]).
 /// On the H200 a 511-token prefill of the 3-layer q30 synth took 11,250-11,329 tok/s

@@ -70,14 +70,14 @@ fn parse_types(args: &[String]) -> Vec<DType> {
 /// [`TUNING_SYNTAX`] writes them (ROWS_DOWN defaults to ROWS, the fields after it to the
 /// backend's defaults); a malformed one ends the program with status 2.
 fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
-    let d = MatmulTuning::DEFAULT;
+    let d = MatmulTuning::default();
     args.iter()
         .skip(2)
         .filter(|t| DType::from_name(t).is_none() && !SHAPES.iter().any(|s| s.name == t.as_str()))
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
             let v = match v {
-                Ok(v) if (3..=9).contains(&v.len()) && v.get(8).is_none_or(|&b| b <= 1) => v,
+                Ok(v) if (3..=8).contains(&v.len()) => v,
                 _ => fail(2, format!("tuning `{t}` is not {TUNING_SYNTAX} (numbers)")),
             };
             let at = |i: usize, or: u32| v.get(i).copied().unwrap_or(or);
@@ -90,7 +90,6 @@ fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
                 rows_wide: at(5, d.rows_wide),
                 rows_batched: at(6, d.rows_batched),
                 rows_batched_blocks: at(7, d.rows_batched_blocks),
-                tiled_batched: at(8, d.tiled_batched as u32) == 1,
             }
         })
         .collect()

@@ -169,7 +169,7 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
         "device: {} ({}, Vulkan {}, subgroup {:?})",
         ctx.info.name, ctx.info.driver, ctx.info.api_version, ctx.info.subgroup_size
     );
-    let d = MatmulTuning::for_device(dev.physical_device());
+    let d = MatmulTuning::default();
     let mut tunings = vec![d];
     for &t in extra {
         if !tunings.contains(&t) {
@@ -202,10 +202,9 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
         ];
         for (role, kernel) in all.iter().flat_map(|(role, ks)| ks.iter().map(move |k| (role, k))) {
             let name = &kernel.module;
-            let Some(spec @ (Spec::Matmul { .. } | Spec::Tiled { .. })) = kernel.spec else {
+            let Some(spec @ Spec::Matmul { .. }) = kernel.spec else {
                 fail(1, format!("{name} has no matmul specialization"))
             };
-            // The second constant: chunks loaded ahead, or a tiled kernel's token groups.
             let spec = spec.constants();
             let words = spirv(name).unwrap_or_else(|e| fail(1, e.to_string()));
             // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders,
@@ -213,7 +212,7 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             let module = unsafe { ShaderModule::new(dev.clone(), ShaderModuleCreateInfo::new(&words)) }
                 .unwrap_or_else(|e| fail(1, format!("shader module `{name}`: {e}")));
             println!(
-                "{name}{role} (rows {}, unroll or token groups {}, lanes {}, workgroup {}):",
+                "{name}{role} (rows {}, unroll {}, lanes {}, workgroup {}):",
                 spec[0], spec[1], spec[2], spec[3]
             );
             let exes = pipeline_stats(dev, &module, &kernel.layout, spec)
