@@ -119,13 +119,14 @@ void persist() {
     for (uint i = 0u; i < pc.sig_idx; i++) {
         uint in_off = i % 2u == 0u ? pc.in_off : pc.out_off;
         uint out_off = i % 2u == 0u ? pc.out_off : pc.in_off;
+        // The link's inputs serve every row group this workgroup takes.
+        load_inputs(in_off, xv);
         for (uint vg = g0; vg < groups; vg += big) {
             uint row = vg * 4u + sub;
             if (!loaded) {
                 load_weights(i * rows * COLS4, row, rows, wv);
             }
             loaded = false;
-            load_inputs(in_off, xv);
             store_product(wv, xv, row, rows, out_off);
         }
         if (early && i + 1u < pc.sig_idx && g0 < groups) {
