@@ -14,7 +14,7 @@ use smoe_actors::cpu::quantize::encode_rows;
 use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
     weight_unit, AttentionArgs, AttentionShape, DeltaArgs, KernelHarness, MatmulArgs, MatmulTuning,
-    Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE, WIDE_ROWS,
+    Projection, RankArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_RANK, FLAG_SCATTER, FLAG_TABLE, WIDE_ROWS,
 };
 use smoe_proto::DType;
 
@@ -513,6 +513,181 @@ fn the_combining_down_projection_is_the_down_projection_then_the_combine() {
                 differ, None,
                 "{dt}, held {held:?}: first differing row (got, want: {got:?} {want:?})"
             );
+        }
+    }
+}
+
+#[test]
+fn the_ranking_gate_up_is_the_ranking_then_the_tabled_gate_up() {
+    // A device-routed decode step whose experts one tier buffer holds: each gate/up
+    // workgroup ranks the token's experts itself (FLAG_RANK) and takes its rank's. Against
+    // `route.comp`'s ranking, a table built from it and the tabled gate/up: the same
+    // products byte for byte (ranks whose expert the buffer does not hold write nothing),
+    // and the same ranked row, routing weights and expert table, on random logits, ties,
+    // a row whose top experts the buffer lacks and a row of NaN (no expert ranked).
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 20, 4096).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let (k, ranks, inter, hidden, slots) = (8usize, 11usize, 256usize, 512usize, 12usize);
+    // Arena: logits at 0 (`route`'s input), then x, the two products, the ranked rows.
+    let (x_off, y_off, ref_off, row_off, ref_row) = (2048u32, 4096u32, 8192u32, 12288u32, 13312u32);
+    // Routing buffer: pair list at 0, weights at k, the ranking's table at 2k, the
+    // reference's at 64, the slot table at 128.
+    let (tab, ref_tab, slot_at) = (2 * k, 64usize, 128usize);
+    let sentinel = vec![7.0f32; k * inter];
+    for dt in [DType::Bf16, DType::Q4K] {
+        let b = Blobs::random(&mut rng, slots, [dt, dt], inter, hidden);
+        let (_, gu_set) = h.blobs(bytemuck::cast_slice(&b.words), false).unwrap();
+        let unit = weight_unit(dt);
+        let base = MatmulArgs {
+            rows: inter as u32,
+            cols: hidden as u32,
+            w_off: (b.parts[0] / unit) as u32,
+            w2_off: (b.parts[1] / unit) as u32,
+            x_off,
+            x_stride: hidden as u32,
+            out_stride: inter as u32,
+            map_div: k as u32,
+            groups: k as u32,
+            ..Default::default()
+        };
+        for ne in [40usize, 128, 256] {
+            // Expert e: in the bound buffer at slot e % slots, except every fourth (in
+            // no buffer) and every seventh (in another buffer).
+            let slot = |e: usize| match (e % 4, e % 7) {
+                (3, _) => [u32::MAX, 0],
+                (_, 5) => [1, 0],
+                _ => [0, ((e % slots) as u64 * b.stride) as u32],
+            };
+            let held = |e: u32| (e as usize) < ne && slot(e as usize)[0] == 0;
+            let mut rows: Vec<Vec<f32>> = (0..2).map(|_| rand_vec(&mut rng, ne)).collect();
+            rows.push((0..ne).map(|_| rng.random_range(0..3) as f32).collect());
+            let mut lacking = rand_vec(&mut rng, ne);
+            (lacking[3], lacking[5], lacking[7]) = (9.0, 8.0, 7.0);
+            rows.push(lacking);
+            rows.push(vec![f32::NAN; ne]);
+            for (i, logits) in rows.iter().enumerate() {
+                for norm in [false, true] {
+                    let what = format!("{dt}, {ne} experts, row {i}, norm {norm}");
+                    h.write_act(0, logits).unwrap();
+                    h.write_act(x_off as usize, &rand_vec(&mut rng, hidden)).unwrap();
+                    // The reference: `route`, then its ranks' table for the tabled gate/up.
+                    h.route(ne as u32, k as u32, ranks as u32, norm, 1, ref_row).unwrap();
+                    let want_row = h.read_act(ref_row as usize, ne + k + 1).unwrap();
+                    let mut route: Vec<u32> = (0..k as u32).collect();
+                    route.resize(slot_at, 0);
+                    for r in 0..k {
+                        let e = want_row[r].to_bits();
+                        let entry =
+                            if held(e) { [slot(e as usize)[1], r as u32, 1] } else { [0, r as u32, 0] };
+                        route[ref_tab + 3 * r..ref_tab + 3 * r + 3].copy_from_slice(&entry);
+                    }
+                    route.extend((0..ne).flat_map(slot));
+                    h.write_route(&route).unwrap();
+                    h.write_act(y_off as usize, &sentinel).unwrap();
+                    h.write_act(ref_off as usize, &sentinel).unwrap();
+                    let a = MatmulArgs {
+                        out_off: ref_off,
+                        flags: FLAG_GATHER | FLAG_TABLE,
+                        tab_off: ref_tab as u32,
+                        ..base
+                    };
+                    h.run(|r| r.matmul(Projection::GateUp, dt, false, gu_set.clone(), a), 1).unwrap();
+                    let rank = RankArgs {
+                        in_off: 0,
+                        ne: ne as u32,
+                        k: k as u32,
+                        ranks: ranks as u32,
+                        norm,
+                        slots: slot_at as u32,
+                        out: row_off,
+                    };
+                    let flags = FLAG_GATHER | FLAG_TABLE | FLAG_RANK;
+                    let a = MatmulArgs { out_off: y_off, flags, tab_off: tab as u32, rank, ..base };
+                    h.run(|r| r.matmul(Projection::GateUp, dt, false, gu_set.clone(), a), 1).unwrap();
+                    let got = h.read_act(y_off as usize, k * inter).unwrap();
+                    let want = h.read_act(ref_off as usize, k * inter).unwrap();
+                    let differ = bits(&got).iter().zip(bits(&want)).position(|(a, b)| *a != b);
+                    assert_eq!(differ, None, "{what}: first differing product element");
+                    // The ranked row: `route`'s ranks and weights, then the misses.
+                    let row = h.read_act(row_off as usize, ne + k + 1).unwrap();
+                    assert_eq!(bits(&row[..ranks]), bits(&want_row[..ranks]), "{what}: ranks");
+                    assert_eq!(bits(&row[ne..ne + k]), bits(&want_row[ne..ne + k]), "{what}: weights");
+                    let misses = (0..k).filter(|&r| !held(want_row[r].to_bits())).count() as u32;
+                    assert_eq!(row[ne + k].to_bits(), misses, "{what}: misses");
+                    if i == rows.len() - 1 {
+                        assert_eq!(misses, k as u32, "{what}: a row of NaN ranks no expert");
+                    }
+                    // The routing words the combining down projection reads.
+                    let words = h.read_route(tab + 3 * k).unwrap();
+                    assert_eq!(&words[..k], &route[..k], "{what}: the pair list is the host's");
+                    assert_eq!(words[k..2 * k], bits(&want_row[ne..ne + k]), "{what}: routing weights");
+                    assert_eq!(words[tab..], route[ref_tab..ref_tab + 3 * k], "{what}: expert table");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_ranking_kernel_writes_each_tier_buffers_table() {
+    // A device-routed decode step whose experts several tier buffers hold ranks in its own
+    // dispatch (`route_table`): `route`'s ranks and weights, in the arena and the host's
+    // readback buffer; per buffer, the table of the routed experts it holds (in rank
+    // order, then the others with no pairs) and its indirect dispatch sizes; the count of
+    // routed experts no buffer holds.
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 16, 4096).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(18);
+    let (k, ranks, buffers, groups) = (8usize, 10usize, 3usize, [5u32, 9u32]);
+    let (row_off, ref_row, tab, slot_at) = (2048u32, 4096u32, 16usize, 256usize);
+    for ne in [40usize, 128, 300] {
+        // Expert e: in buffer e % 4 at byte offset 64e, none for buffer 3.
+        let slot = |e: usize| if e % 4 == 3 { [u32::MAX, 0] } else { [(e % 4) as u32, 64 * e as u32] };
+        let rows = [rand_vec(&mut rng, ne), (0..ne).map(|_| rng.random_range(0..3) as f32).collect()];
+        for (i, logits) in rows.iter().enumerate() {
+            let what = format!("{ne} experts, row {i}");
+            h.write_act(0, logits).unwrap();
+            h.route(ne as u32, k as u32, ranks as u32, true, 1, ref_row).unwrap();
+            let want = h.read_act(ref_row as usize, ne + k + 1).unwrap();
+            let mut route = vec![0u32; slot_at];
+            route.extend((0..ne).flat_map(slot));
+            h.write_route(&route).unwrap();
+            let a = RankArgs {
+                ne: ne as u32,
+                k: k as u32,
+                ranks: ranks as u32,
+                norm: true,
+                slots: slot_at as u32,
+                out: row_off,
+                ..Default::default()
+            };
+            let (sizes, io) = h.route_table(a, buffers as u32, tab as u32, groups).unwrap();
+            let row = h.read_act(row_off as usize, ne + k + 1).unwrap();
+            let ids: Vec<usize> = want[..k].iter().map(|v| v.to_bits() as usize).collect();
+            let misses = ids.iter().filter(|&&e| e % 4 == 3).count() as u32;
+            for got in [&row, &io] {
+                assert_eq!(bits(&got[..ranks]), bits(&want[..ranks]), "{what}: ranks");
+                assert_eq!(bits(&got[ne..ne + k]), bits(&want[ne..ne + k]), "{what}: weights");
+                assert_eq!(got[ne + k].to_bits(), misses, "{what}: misses");
+            }
+            let words = h.read_route(tab + 2 * k + 3 * k * buffers).unwrap();
+            assert_eq!(words[tab..tab + k], (0..k as u32).collect::<Vec<_>>(), "{what}: pair list");
+            assert_eq!(words[tab + k..tab + 2 * k], bits(&want[ne..ne + k]), "{what}: routing weights");
+            for b in 0..buffers {
+                let mine: Vec<usize> = (0..k).filter(|&r| ids[r] % 4 == b).collect();
+                let others = (0..k).filter(|&r| ids[r] % 4 != b);
+                let mut table: Vec<u32> = mine.iter().flat_map(|&r| [slot(ids[r])[1], r as u32, 1]).collect();
+                table.extend(others.flat_map(|r| [0, r as u32, 0]));
+                let at = tab + 2 * k + 3 * k * b;
+                assert_eq!(words[at..at + 3 * k], table, "{what}: buffer {b}'s table");
+                let n = mine.len() as u32;
+                assert_eq!(
+                    sizes[6 * b..6 * b + 6],
+                    [groups[0], n, 1, groups[1], n, 1],
+                    "{what}: buffer {b}'s sizes"
+                );
+            }
         }
     }
 }
