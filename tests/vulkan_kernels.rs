@@ -604,7 +604,7 @@ fn the_ranking_gate_up_is_the_ranking_then_the_tabled_gate_up() {
                     };
                     let flags = FLAG_GATHER | FLAG_TABLE | FLAG_RANK;
                     let a = MatmulArgs { out_off: y_off, flags, tab_off: tab as u32, rank, ..base };
-                    h.run(|r| r.matmul(Projection::GateUpRank, dt, false, gu_set.clone(), a), 1).unwrap();
+                    h.run(|r| r.matmul(Projection::GateUp, dt, false, gu_set.clone(), a), 1).unwrap();
                     let got = h.read_act(y_off as usize, k * inter).unwrap();
                     let want = h.read_act(ref_off as usize, k * inter).unwrap();
                     let differ = bits(&got).iter().zip(bits(&want)).position(|(a, b)| *a != b);
@@ -706,7 +706,6 @@ fn rows_and_unroll_of_a_tuning_do_not_change_results() {
             rows_wide: rows_m1,
             rows_batched,
             rows_batched_blocks: 5 - rows_batched,
-            rows_rank: rows_down,
         },
     );
     // The last shape's rows take the wide matvec (an LM head; rows_wide): its m=1 dense

@@ -191,7 +191,7 @@ impl VulkanBackend {
             let (flags, out_off, wt_off) = (d0.flags | FLAG_COMBINE, a.at(Plane::X), (fast_off + k) as u32);
             let d = MatmulArgs { map_off: fast_off as u32, tab_off, flags, out_off, wt_off, ..d0 };
             let rec = self.rec()?;
-            rec.matmul(Projection::GateUpRank, layout.gate.dtype, false, gu, g)?;
+            rec.matmul(Projection::GateUp, layout.gate.dtype, false, gu, g)?;
             rec.down_combine(kd, down, d)?;
             if let Some(r) = self.routes.as_mut() {
                 r.ranked = Some(r.ranked.map_or((l, l), |(lo, hi)| (lo.min(l), hi.max(l))));

@@ -66,10 +66,6 @@ pub struct MatmulTuning {
     /// The same for weights in ggml block formats (1..=4), whose dequantisation holds more
     /// registers per row.
     pub rows_batched_blocks: u32,
-    /// Rows per lane group of the m=1 gate/up that ranks a device-routed decode step's
-    /// experts itself ([`super::record::FLAG_RANK`]; 1..=4): every workgroup ranks, so
-    /// fewer, larger workgroups rank less often.
-    pub rows_rank: u32,
 }
 
 impl MatmulTuning {
@@ -102,7 +98,6 @@ impl MatmulTuning {
         rows_wide: 4,
         rows_batched: 3,
         rows_batched_blocks: 2,
-        rows_rank: 4,
     };
 }
 
@@ -194,10 +189,6 @@ pub struct TypedKernels {
     pub matmul: Kernel,
     /// m=1 fused gate/up projection with SiLU.
     pub gate_up: Kernel,
-    /// `gate_up` with [`MatmulTuning::rows_rank`] rows per lane group, for dispatches
-    /// that rank a device-routed decode step's experts ([`super::record::FLAG_RANK`];
-    /// the same bytes).
-    pub gate_up_rank: Kernel,
     /// Token-batched sibling of `gate_up`.
     pub gate_up_batched: Kernel,
     /// The m=1 expert down projection: `matvec` with [`MatmulTuning::rows_down`] rows
@@ -317,7 +308,6 @@ impl Kernels {
             || !(1..=4).contains(&t.rows_wide)
             || !(1..=4).contains(&t.rows_batched)
             || !(1..=4).contains(&t.rows_batched_blocks)
-            || !(1..=4).contains(&t.rows_rank)
             || !(1..=8).contains(&t.unroll)
             || !(1..=8).contains(&t.unroll_dense)
         {
@@ -400,7 +390,6 @@ impl Kernels {
             matvec_wide: build(format!("matvec_{ty}"), t.rows_wide, t.unroll, M1_WG)?,
             matmul: build(format!("matmul_{ty}"), rows_batched, t.unroll.min(2), WG_SIZE)?,
             gate_up: build(format!("gate_up_{ty}"), t.rows_m1, t.unroll, M1_WG)?,
-            gate_up_rank: build(format!("gate_up_{ty}"), t.rows_rank, t.unroll, M1_WG)?,
             gate_up_batched: build(format!("gate_up_batched_{ty}"), rows_batched, t.unroll.min(2), WG_SIZE)?,
             down: build(format!("matvec_{ty}"), t.rows_down, t.unroll, M1_WG)?,
             embed: match dtype {

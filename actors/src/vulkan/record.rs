@@ -194,10 +194,6 @@ pub enum Projection {
     Dense,
     /// The fused gate/up + SiLU front half of an FFN (`gate_up` / `gate_up_batched`).
     GateUp,
-    /// The m=1 gate/up of a device-routed decode step that ranks its experts
-    /// ([`FLAG_RANK`]: `gate_up_rank`, more rows per workgroup; its batched sibling is
-    /// `gate_up_batched`).
-    GateUpRank,
     /// The expert down projection (`down`, tuned for its short rows / `matmul`).
     Down,
 }
@@ -217,8 +213,7 @@ impl Projection {
             (Projection::Down, false) => &t.down,
             (Projection::Dense | Projection::Down, true) => &t.matmul,
             (Projection::GateUp, false) => &t.gate_up,
-            (Projection::GateUpRank, false) => &t.gate_up_rank,
-            (Projection::GateUp | Projection::GateUpRank, true) => &t.gate_up_batched,
+            (Projection::GateUp, true) => &t.gate_up_batched,
         }
     }
 }

@@ -103,13 +103,12 @@ const fn m1(rows_m1: u32, unroll: u32, unroll_dense: u32, rows_down: u32) -> Mat
         rows_wide: 2,
         rows_batched: 1,
         rows_batched_blocks: 1,
-        rows_rank: 1,
     }
 }
 
 /// How the command line writes a tuning.
 pub const TUNING_SYNTAX: &str =
-    "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE[,ROWS_WIDE[,ROWS_BATCHED[,ROWS_BATCHED_BLOCKS[,ROWS_RANK]]]]]]";
+    "LANES,ROWS,UNROLL[,ROWS_DOWN[,UNROLL_DENSE[,ROWS_WIDE[,ROWS_BATCHED[,ROWS_BATCHED_BLOCKS]]]]]";
 
 /// The read ceilings: the read-bandwidth kernel over 512 MiB of device-local memory
 /// and 256 MiB of host-visible memory (where ring slots live), at a few grid sizes

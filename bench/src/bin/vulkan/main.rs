@@ -77,7 +77,7 @@ fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
         .map(|t| {
             let v: Result<Vec<u32>, _> = t.split(',').map(str::parse).collect();
             let v = match v {
-                Ok(v) if (3..=9).contains(&v.len()) => v,
+                Ok(v) if (3..=8).contains(&v.len()) => v,
                 _ => fail(2, format!("tuning `{t}` is not {TUNING_SYNTAX} (numbers)")),
             };
             let at = |i: usize, or: u32| v.get(i).copied().unwrap_or(or);
@@ -90,7 +90,6 @@ fn parse_tunings(args: &[String]) -> Vec<MatmulTuning> {
                 rows_wide: at(5, d.rows_wide),
                 rows_batched: at(6, d.rows_batched),
                 rows_batched_blocks: at(7, d.rows_batched_blocks),
-                rows_rank: at(8, d.rows_rank),
             }
         })
         .collect()
