@@ -90,7 +90,7 @@ uvec3 rank_entry() {
     }
     rank_order(ne, pc.rank_n);
     if (gl_WorkGroupID.x == 0u && y == 0u) {
-        rank_weights(k, pc.rank_norm != 0u);
+        rank_weights(ne, k, pc.rank_norm != 0u);
         for (uint r = tid; r < pc.rank_n; r += wg) {
             ACT(pc.rank_out + r) = uintBitsToFloat(rk_order[r]);
         }

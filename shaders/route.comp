@@ -20,8 +20,6 @@
 // `main`): no copy follows it. (Where one buffer holds the layer's experts, the gate/up
 // kernel ranks instead: matmul.comp's FLAG_RANK.)
 #extension GL_GOOGLE_include_directive : require
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_shuffle : require
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -83,7 +81,7 @@ void main() {
     })
 #endif
     rank_order(pc.ne, pc.ranks);
-    rank_weights(pc.k, pc.norm != 0u);
+    rank_weights(pc.ne, pc.k, pc.norm != 0u);
     // The outputs, written in parallel.
     for (uint r = tid; r < pc.ranks; r += WG_SIZE) {
         act[dst + r] = uintBitsToFloat(rk_order[r]);
