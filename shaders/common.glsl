@@ -43,8 +43,6 @@
 #define FLAG_TABLE 8u        // workgroup y is an entry of the expert table at tab_off
 #define FLAG_COMBINE 16u     // m=1, with TABLE: lane group g is entry g; the MoE combine
                              // of the rows is added to the residual (matmul.comp)
-#define FLAG_RANK 32u        // m=1 gate/up, with TABLE: the workgroup ranks the experts
-                             // itself and takes rank y's (matmul.comp)
 
 // Activations (one f32 arena, regions addressed by push-constant offsets) and the
 // host-written routing data (pair lists as uint, routing weights as float).

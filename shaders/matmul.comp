@@ -29,21 +29,12 @@
 // over ranks r in rank order of y_r · route_f[wt_off + r], then the residual plus it. The
 // y_r are the bytes the kernel writes without the flag, so the result is the bytes of the
 // down projection followed by accumulate.comp, without the dispatch between them.
-// With FLAG_RANK as well (the m=1 gate/up of such a step), workgroup y ranks the token's
-// experts itself and takes rank y's expert (rank_entry below), so the router's logits
-// reach the experts without a ranking dispatch between them.
 //
 // With EMBED the module is the embedding lookup of a table stored in the weight type
 // instead (see its main).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-// The m=1 gate/up may rank a device-routed decode step's experts itself (FLAG_RANK) and
-// then writes the step's routing words: it is a writer of the routing buffer.
-#if defined(GATE_UP) && TB == 1 && !defined(EMBED)
-#define RANKED
-#define ROUTE_WRITE
-#endif
 #define ACT_VEC4
 #include "common.glsl"
 #define ACT(i) act4[(i) >> 2][(i) & 3u]
@@ -60,64 +51,6 @@ layout(constant_id = 1) const uint UNROLL = 4u;  // chunks loaded ahead (<= MAX_
 layout(constant_id = 2) const uint LANES = 32u;  // lanes per row (power of two <= WG_SIZE)
 
 #include "matmul_io.glsl"
-
-#ifdef RANKED
-#define RANK_MAX_E 256u
-#define RANK_ACT(i) ACT(i)
-#include "route_rank.glsl"
-shared uint rk_slot[2u * RANK_MAX_E]; // the layer's slot table (see rank_n in matmul_io.glsl)
-
-// FLAG_RANK: the entry of a device-routed decode step's gate/up workgroup (x, y) whose
-// experts one tier buffer holds (the one bound). Each workgroup ranks the token's experts
-// itself (route_rank.glsl: route.comp's bytes) and takes rank y's expert: its byte offset
-// in the buffer, pair y and one pair where the buffer holds it, else no pairs. So no
-// ranking dispatch stands between the router and the experts. Workgroup (0, 0) also
-// writes what route.comp's TABLE writes for one buffer: the ranked row (ranks, top-k
-// weights, the count of routed experts the buffer does not hold) at rank_out of the
-// arena, the routing weights at map_off + k and the expert table (rank r's entry at
-// tab_off + 3r, in rank order) for the down projection. The pair list at map_off (pair
-// r = rank r) is the host's.
-uvec3 rank_entry() {
-    uint tid = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
-    uint ne = pc.rank_ne, k = pc.rank_k, y = gl_WorkGroupID.y;
-    // The slot table is requested first, so its read overlaps the softmax.
-    uint sw[4];
-    FOR4(u, if (tid + wg * u < 2u * ne) { sw[u] = route_u[pc.rank_slots + tid + wg * u]; })
-    rank_probs(pc.rank_in, ne);
-    FOR4(u, if (tid + wg * u < 2u * ne) { rk_slot[tid + wg * u] = sw[u]; })
-    for (uint i = tid + 4u * wg; i < 2u * ne; i += wg) {
-        rk_slot[i] = route_u[pc.rank_slots + i];
-    }
-    rank_order(ne, pc.rank_n);
-    if (gl_WorkGroupID.x == 0u && y == 0u) {
-        rank_weights(ne, k, pc.rank_norm != 0u);
-        for (uint r = tid; r < pc.rank_n; r += wg) {
-            ACT(pc.rank_out + r) = uintBitsToFloat(rk_order[r]);
-        }
-        for (uint r = tid; r < k; r += wg) {
-            uint e = rk_order[r];
-            bool held = e < ne && rk_slot[2u * e] == 0u;
-            ACT(pc.rank_out + ne + r) = rk_wts[r];
-            route_u[pc.map_off + k + r] = floatBitsToUint(rk_wts[r]);
-            uint at = pc.tab_off + 3u * r;
-            route_u[at] = held ? rk_slot[2u * e + 1u] : 0u;
-            route_u[at + 1u] = r;
-            route_u[at + 2u] = held ? 1u : 0u;
-        }
-        if (tid == 0u) {
-            uint misses = 0u;
-            for (uint r = 0u; r < k; r++) {
-                uint e = rk_order[r];
-                misses += e < ne && rk_slot[2u * e] == 0u ? 0u : 1u;
-            }
-            ACT(pc.rank_out + ne + k) = uintBitsToFloat(misses);
-        }
-    }
-    uint e = rk_order[y];
-    bool held = e < ne && rk_slot[2u * e] == 0u;
-    return uvec3(held ? rk_slot[2u * e + 1u] : 0u, y, held ? 1u : 0u);
-}
-#endif
 
 // Loops whose body indexes a register array (wrow, xb, wq, uq, wv, uv, xq, acc) are
 // written FOR_X(BODY) (common.glsl); GU(code) keeps code in the GATE_UP variants only.
@@ -331,11 +264,7 @@ void main() {
     // FLAG_COMBINE: the workgroup's lane groups share its rows, one table entry each.
     bool comb = TB == 1 && (pc.flags & FLAG_COMBINE) != 0u;
     uint rowb = comb ? gl_WorkGroupID.x * RPT : (gl_WorkGroupID.x * (WG_SIZE / LANES) + grp) * RPT;
-#ifdef RANKED
-    uvec3 entry = (pc.flags & FLAG_RANK) != 0u ? rank_entry() : table_entry(gl_WorkGroupID.y);
-#else
     uvec3 entry = table_entry(comb ? grp : gl_WorkGroupID.y);
-#endif
     uint delta = entry.x / UNIT_BYTES;
     uint p0 = entry.y;
     uint n = entry.z;
@@ -432,7 +361,7 @@ void main() {
 #define TREE_SHUFFLE acc[a] = acc[a] + subgroupShuffleXor(acc[a], s);
             FOR_A(TREE_SHUFFLE)
         }
-#if TB == 1 && !defined(GATE_UP)
+#if TB == 1
         if (comb) {
             // Each entry's rows at its rank (red is free: the tree above ends with a
             // barrier where it used it), 0 for an expert the table's buffer does not hold

@@ -34,16 +34,6 @@ layout(push_constant) uniform Params {
     // instructions a weight, from a register in one (the CUDA twin's
     // register-resident Q4_K gate/up, bench/probes/q4k_m1.cu: 15% fewer instructions).
     uint two23;
-    // FLAG_RANK (the m=1 gate/up of a device-routed decode step, matmul.comp's
-    // rank_entry): the ranking's inputs and where its results go.
-    uint rank_in;    // act offset of the token's gate logits
-    uint rank_ne;    // experts
-    uint rank_k;     // experts per token
-    uint rank_n;     // experts ranked (k, or k + bets)
-    uint rank_norm;  // renormalise the top-k weights
-    uint rank_slots; // route_u offset of the layer's slot table: per expert, (0 where the
-                     // bound tier buffer holds it, else another buffer or NONE; byte offset)
-    uint rank_out;   // act offset of the ranked row (route.comp's output row)
 } pc;
 
 // Expert-table entry j (FLAG_TABLE: route_u[tab_off + 3j ..]): its weight byte offset,

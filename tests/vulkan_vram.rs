@@ -108,16 +108,11 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         // Index 12: with every expert in the tier, decode steps route on the device.
         let routed = &out["stats"]["profile"]["regimes"][1]["phases"][12];
         assert!(routed["calls"].as_u64().unwrap() > 0, "{routed}");
-        // One tier buffer per layer: their gate/up workgroups rank the experts themselves
-        // (no ranking dispatch) and their down projections add the MoE combine; the logits
-        // above are byte-compared with the tier off.
+        // Their down projections add the MoE combine themselves (one tier buffer per
+        // layer); the logits above are byte-compared with the tier off.
         let kernels = out["stats"]["profile"]["regimes"][1]["kernels"].as_array().unwrap();
-        let dispatches = |suffix: &str| -> u64 {
-            let named = kernels.iter().filter(|k| k["name"].as_str().unwrap().ends_with(suffix));
-            named.map(|k| k["dispatches"].as_u64().unwrap()).sum()
-        };
-        assert!(dispatches("+combine") > 0 && dispatches("+rank") > 0, "{kernels:?}");
-        assert_eq!(dispatches("route_table"), 0, "{kernels:?}");
+        let fused = kernels.iter().filter(|k| k["name"].as_str().unwrap().ends_with("+combine"));
+        assert!(fused.map(|k| k["dispatches"].as_u64().unwrap()).sum::<u64>() > 0, "{kernels:?}");
         // Without the profile, device-routed decode steps after the first replay its kept
         // command buffer: the same bytes.
         let (out, logits) = run(dir.path(), &vault, 1 << 30, &[]);

@@ -113,7 +113,7 @@ impl VulkanBackend {
         // The device-routed steps' ranking kernel and the greedy choice write here directly.
         let io = host_buffer::<f32>(&ctx, io_greedy as u64 + 1, BufferUsage::STORAGE_BUFFER)?;
         let greedy_set = set0(&ctx, &kernels.argmax_final, &[io.clone().into_bytes()])?;
-        let routes = DeviceRoutes::new(&ctx, &kernels, ex.vram.as_ref(), &io)?;
+        let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref(), &io)?;
         let act_set = DescriptorSet::new(
             ctx.descriptors.clone(),
             kernels.act_layout.clone(),
@@ -190,7 +190,6 @@ impl VulkanBackend {
     /// for it through a semaphore). With `wait` the host waits for everything; otherwise
     /// the submission stays in flight and the next one is ordered after it.
     pub(super) fn submit(&mut self, wait: bool) -> Result<(), VulkanError> {
-        self.record_ranked_rows()?;
         self.rec()?;
         let mut rec = self.rec.take().expect("just started");
         if let Some(t) = &self.timer {

@@ -1,24 +1,20 @@
 //! Decode steps routed on the device. A host-routed MoE step is a sync point: the host
 //! waits for the router's logits, ranks the experts and writes the expert tables, once
 //! per MoE layer and token. While the VRAM tier holds every expert, a one-token pass
-//! instead records each MoE layer without one: the router gate, the ranking, which looks
-//! each routed expert up in a device copy of the tier's slot table
-//! ([`VramTier::slot_words`], in the routing buffer) and writes the expert tables, the
-//! expert kernels over the tier's buffers, and the combine: one submission per token.
-//! Where one tier buffer holds the layer's experts (the tier's home slots give a layer
-//! whole buffers), each gate/up workgroup ranks the experts itself and takes its rank's
-//! ([`FLAG_RANK`]: no ranking dispatch between the router and the experts), and the
-//! ranked rows go to the host in one copy before the pass is submitted; otherwise the
-//! ranking is its own dispatch (`route.comp` built with `TABLE`), which also writes the
-//! indirect dispatch sizes of each tier buffer.
+//! instead records each MoE layer without one: the router gate, the ranking
+//! (`route.comp` built with `TABLE`), which looks each routed expert up in a device copy
+//! of the tier's slot table ([`VramTier::slot_words`]) and writes the expert table and
+//! indirect dispatch sizes of each tier buffer, the expert kernels over those buffers,
+//! and the combine: one submission per token.
 //!
 //! The step is speculative. After the pass the host reads each layer's ranking: if an
 //! expert was not in the tier (not yet filled), nothing the pass computed counts and it
 //! runs again host-routed, which fills the tier; else the tier counts the hits. The
 //! ranking is the same kernel's as a host-routed block's (`route`) and the expert
 //! kernels are the m=1 ones, so a device-routed step gives the same bytes as a
-//! host-routed one. Where one tier buffer holds the layer's experts, the down projection
-//! adds the combine to the residual itself ([`super::record::FLAG_COMBINE`]: the same bytes, one dependent
+//! host-routed one. Where one tier buffer holds the layer's experts (the tier's home
+//! slots give a layer whole buffers), the down projection adds the combine to the
+//! residual itself ([`super::record::FLAG_COMBINE`]: the same bytes, one dependent
 //! dispatch fewer per layer).
 
 use std::collections::BTreeMap;
@@ -30,13 +26,14 @@ use vulkano::command_buffer::DispatchIndirectCommand;
 use vulkano::descriptor_set::DescriptorSet;
 
 use super::backend::VulkanBackend;
-use super::buffers::{device_buffer, verr};
+use super::buffers::{device_buffer, upload_buffer, verr};
 use super::context::VulkanContext;
 use super::pipelines::{Kernel, Kernels};
-use super::record::{set0, MatmulArgs, Projection, RankArgs, FLAG_COMBINE, FLAG_RANK};
+use super::record::{set0, MatmulArgs, Projection, FLAG_COMBINE};
 use super::vram::VramTier;
 use super::VulkanError;
 use crate::contract::{ForwardError, Plane};
+use crate::model::Model;
 use crate::vault::TensorRef;
 
 /// Most tier buffers of one size class a device-routed step reads (a class of more
@@ -49,13 +46,11 @@ pub fn fast_route_words(k: usize) -> usize {
     2 * k + 3 * k * MAX_BUFFERS
 }
 
-/// Most experts a layer may have for its gate/up workgroups to rank them
-/// (`RANK_MAX_E` in `shaders/matmul.comp`); more are ranked by their own dispatch.
-const RANK_MAX_E: usize = 256;
-
 /// The device side of device-routed steps.
 pub struct DeviceRoutes {
-    /// `route_table`'s set 0 (`sizes`, the host's readback buffer).
+    /// The tier's slot table as the device reads it ([`VramTier::slot_words`]).
+    slots: Subbuffer<[u32]>,
+    /// `route_table`'s set 0 (the slot table, `sizes`, the host's readback buffer).
     set: Arc<DescriptorSet>,
     /// The tier version the slot table shows (`None`: never written).
     written: Option<u64>,
@@ -63,10 +58,6 @@ pub struct DeviceRoutes {
     sizes: Subbuffer<[DispatchIndirectCommand]>,
     /// (layer, ranks) of each step recorded in the current pass.
     layers: Vec<(usize, usize)>,
-    /// The first and last layer of the current recording whose gate/up ranked: their
-    /// rows of ranks go to the host's readback buffer before the recording is submitted
-    /// ([`VulkanBackend::record_ranked_rows`]).
-    ranked: Option<(usize, usize)>,
     /// Per (expert down-projection weight type, experts per token) met so far, its
     /// combining down kernel ([`Kernels::down_combine`]; `None`: too large a workgroup
     /// for the device).
@@ -74,12 +65,13 @@ pub struct DeviceRoutes {
 }
 
 impl DeviceRoutes {
-    /// The device side of device-routed steps when `tier` holds every expert in buffers one
+    /// The device side for `model` when `tier` holds every expert in buffers one
     /// binding can cover ([`VramTier::holds_all`]); `None` otherwise (steps are then
     /// host-routed). Each step's ranking goes to `io`, which the host reads.
     pub fn new(
         ctx: &Arc<VulkanContext>,
         kernels: &Kernels,
+        model: &Model,
         tier: Option<&VramTier>,
         io: &Subbuffer<[f32]>,
     ) -> Result<Option<DeviceRoutes>, VulkanError> {
@@ -88,18 +80,25 @@ impl DeviceRoutes {
             tracing::info!("decode steps are host-routed: the VRAM tier cannot hold every expert at once");
             return Ok(None);
         }
+        let c = &model.cfg;
+        let words = 2 * c.num_hidden_layers * c.num_experts;
+        let slots = upload_buffer::<u32>(ctx, words as u64, BufferUsage::STORAGE_BUFFER)?;
         let sizes = device_buffer::<DispatchIndirectCommand>(
             ctx,
             2 * MAX_BUFFERS as u64,
             BufferUsage::INDIRECT_BUFFER | BufferUsage::STORAGE_BUFFER,
         )?;
-        let set = set0(ctx, &kernels.route_table, &[sizes.clone().into_bytes(), io.clone().into_bytes()])?;
+        let set = set0(
+            ctx,
+            &kernels.route_table,
+            &[slots.clone().into_bytes(), sizes.clone().into_bytes(), io.clone().into_bytes()],
+        )?;
         Ok(Some(DeviceRoutes {
+            slots,
             set,
             written: None,
             sizes,
             layers: Vec::new(),
-            ranked: None,
             combine: BTreeMap::new(),
         }))
     }
@@ -109,7 +108,6 @@ impl DeviceRoutes {
     /// The pass was abandoned: the steps recorded in it are forgotten.
     pub fn abandon(&mut self) {
         self.layers.clear();
-        self.ranked = None;
     }
 
     /// The combining down kernel for `k` experts whose down projections are `dtype`,
@@ -132,7 +130,7 @@ impl DeviceRoutes {
 impl VulkanBackend {
     /// Records decoder layer `l`'s MoE step for one token routed on the device (see
     /// the module): the gate (router weight `gate`), the ranking of top-k and `bets`
-    /// more experts, the routing words (and dispatch sizes), the expert kernels over each
+    /// more experts, the routing words and dispatch sizes, the expert kernels over each
     /// tier buffer of the layer, and the combine.
     pub(super) fn record_device_route(
         &mut self,
@@ -148,13 +146,10 @@ impl VulkanBackend {
         let (Some(routes), Some(tier)) = (self.routes.as_mut(), self.ex.vram.as_ref()) else {
             return Err(ForwardError::Device("device routing is off".into()));
         };
-        let (fast_off, slots_off) = (self.ex.fast_off, self.ex.slots_off);
         if routes.layers.is_empty() && routes.written != Some(tier.version()) {
-            // No work is in flight at a pass's start: the slot table may be rewritten,
-            // with the pair list of a one-token step (pair r is rank r).
-            let mut w = self.ex.route_buf.write().map_err(verr("writing the VRAM slot table"))?;
-            w[fast_off..fast_off + k].iter_mut().zip(0..).for_each(|(p, r)| *p = r);
-            tier.slot_words(&mut w[slots_off..]);
+            // No work is in flight at a pass's start: the slot table may be rewritten.
+            let mut w = routes.slots.write().map_err(verr("writing the VRAM slot table"))?;
+            tier.slot_words(&mut w);
             routes.written = Some(tier.version());
         }
         routes.layers.push((l, ranks));
@@ -165,39 +160,9 @@ impl VulkanBackend {
         let buffers: Vec<Subbuffer<[u8]>> = tier.layer_buffers(l).to_vec();
         let (nb, set, sizes) = (buffers.len(), routes.set.clone(), routes.sizes.clone());
         let kernels = self.kernels.clone();
-        // One buffer holds the layer's experts: its down projection can combine them,
-        // and its gate/up workgroups can rank them.
+        // One buffer holds the layer's experts: its down projection can combine them.
         let fused = if nb == 1 { routes.combine_kernel(&kernels, layout.down.dtype, k)? } else { None };
         let (g0, d0) = self.expert_args(&layout);
-        self.record_gate(gate, 1)?;
-        let a = self.a;
-        let out = a.routed + l as u32 * a.routed_stride;
-        let slot_words = (slots_off + 2 * l * ne) as u32;
-        let max_range = self.ctx.info.max_storage_buffer_range;
-        if let Some(kd) = fused.as_ref().filter(|_| ne <= RANK_MAX_E) {
-            let (down, gu) = self.window_sets(&buffers[0], 0, max_range)?;
-            let tab_off = (fast_off + 2 * k) as u32;
-            let rank = RankArgs {
-                in_off: a.router,
-                ne: ne as u32,
-                k: k as u32,
-                ranks: ranks as u32,
-                norm: c.norm_topk_prob,
-                slots: slot_words,
-                out,
-            };
-            let flags = g0.flags | FLAG_RANK;
-            let g = MatmulArgs { map_off: fast_off as u32, tab_off, groups: k as u32, flags, rank, ..g0 };
-            let (flags, out_off, wt_off) = (d0.flags | FLAG_COMBINE, a.at(Plane::X), (fast_off + k) as u32);
-            let d = MatmulArgs { map_off: fast_off as u32, tab_off, flags, out_off, wt_off, ..d0 };
-            let rec = self.rec()?;
-            rec.matmul(Projection::GateUp, layout.gate.dtype, false, gu, g)?;
-            rec.down_combine(kd, down, d)?;
-            if let Some(r) = self.routes.as_mut() {
-                r.ranked = Some(r.ranked.map_or((l, l), |(lo, hi)| (lo.min(l), hi.max(l))));
-            }
-            return Ok(());
-        }
         let groups = |p: Projection, dtype, a: &MatmulArgs| -> Result<u32, VulkanError> {
             Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false, a.rows).rows_per_wg()))
         };
@@ -205,6 +170,10 @@ impl VulkanBackend {
             groups(Projection::GateUp, layout.gate.dtype, &g0)?,
             groups(Projection::Down, layout.down.dtype, &d0)?,
         );
+        self.record_gate(gate, 1)?;
+        let a = self.a;
+        let out = a.routed + l as u32 * a.routed_stride;
+        let fast_off = self.ex.fast_off;
         let io_at = self.io_routed + l * a.routed_stride as usize;
         let push = [
             ne as u32,
@@ -214,7 +183,7 @@ impl VulkanBackend {
             a.router,
             out,
             a.routed_stride,
-            slot_words,
+            (l * ne) as u32,
             nb as u32,
             fast_off as u32,
             gu_groups,
@@ -223,7 +192,7 @@ impl VulkanBackend {
         ];
         self.rec()?.dispatch(&kernels.route_table, Some(set), push, [1, 1, 1])?;
         for (b, buf) in buffers.iter().enumerate() {
-            let (down, gu) = self.window_sets(buf, 0, max_range)?;
+            let (down, gu) = self.window_sets(buf, 0, self.ctx.info.max_storage_buffer_range)?;
             let tab_off = (fast_off + 2 * k + 3 * k * b) as u32;
             let (g, d) = (
                 MatmulArgs { map_off: fast_off as u32, tab_off, ..g0 },
@@ -257,21 +226,6 @@ impl VulkanBackend {
             self.record_combine(1, (fast_off + k) as u32)?;
         }
         Ok(())
-    }
-
-    /// Before a recording that ranked some layers in their gate/up workgroups is
-    /// submitted: one copy of those layers' rows of ranks to the host's readback buffer,
-    /// which [`Self::read_device_routes`] reads.
-    pub(super) fn record_ranked_rows(&mut self) -> Result<(), VulkanError> {
-        let Some((lo, hi)) = self.routes.as_mut().and_then(|r| r.ranked.take()) else { return Ok(()) };
-        let row = self.a.routed_stride as u64;
-        let (src, dst, n) = (
-            self.a.routed as u64 + lo as u64 * row,
-            (self.io_routed + lo * row as usize) as u64,
-            (hi - lo + 1) as u64 * row,
-        );
-        let (act, io) = (self.act.clone(), self.io.clone());
-        self.rec()?.copy(act.slice(src..src + n), io.slice(dst..dst + n))
     }
 
     /// After the sync point ending a pass of device-routed steps: each step's ranking

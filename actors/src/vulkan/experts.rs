@@ -58,9 +58,6 @@ pub struct ExpertState {
     tab_off: usize,
     /// Routing-buffer offset of a device-routed step's routing words (`device_route`).
     pub fast_off: usize,
-    /// Routing-buffer offset of the VRAM tier's slot table, which device-routed steps
-    /// read ([`super::vram::VramTier::slot_words`]; every layer's experts).
-    pub slots_off: usize,
     /// The ring arenas kernels read in place.
     arenas: ArenaRegistry,
     /// Descriptor sets of expert-blob windows: (buffer, window start) → (down set,
@@ -138,10 +135,8 @@ impl ExpertState {
         let c = &model.cfg;
         let k = c.num_experts_per_tok.max(1);
         let route_len = 2 * m * k + 3 * c.num_experts.min(m * k);
-        let slots_off = route_len + fast_route_words(k);
-        let slot_words = 2 * c.num_hidden_layers * c.num_experts;
         let route_buf =
-            upload_buffer::<u32>(ctx, (slots_off + slot_words) as u64, BufferUsage::STORAGE_BUFFER)?;
+            upload_buffer::<u32>(ctx, (route_len + fast_route_words(k)) as u64, BufferUsage::STORAGE_BUFFER)?;
         check_layouts(model)?;
         let window = ctx.info.max_storage_buffer_range / 2 / 256 * 256;
         let stride = model.vault.max_blob_stride();
@@ -156,7 +151,6 @@ impl ExpertState {
             route_buf,
             tab_off: 2 * m * k,
             fast_off: route_len,
-            slots_off,
             arenas,
             window_sets: HashMap::new(),
             window,

@@ -23,8 +23,8 @@ use super::VulkanError;
 use crate::tensor::WeightView;
 
 pub use super::record::{
-    weight_unit, MatmulArgs, Projection, RankArgs, Recorder, FLAG_ACCUMULATE, FLAG_COMBINE, FLAG_GATHER,
-    FLAG_RANK, FLAG_SCATTER, FLAG_TABLE, WIDE_ROWS,
+    weight_unit, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_COMBINE, FLAG_GATHER, FLAG_SCATTER,
+    FLAG_TABLE, WIDE_ROWS,
 };
 pub use vulkano::descriptor_set::DescriptorSet;
 
@@ -180,11 +180,6 @@ impl KernelHarness {
         Ok(())
     }
 
-    /// Reads the first `len` words of the routing buffer.
-    pub fn read_route(&self, len: usize) -> Result<Vec<u32>, VulkanError> {
-        Ok(self.route.read().map_err(verr("reading routing"))?[..len].to_vec())
-    }
-
     /// Records `record` `reps` times into one command buffer, runs it and waits;
     /// returns the time from submission to completion.
     pub fn run(
@@ -276,35 +271,6 @@ impl KernelHarness {
     ) -> Result<(), VulkanError> {
         let push = [ne, k, ranks, norm as u32, 0, out_off, ne + k + 1];
         self.run(|r| r.dispatch(&self.kernels.route, None, push, [1, m, 1]), 1).map(|_| ())
-    }
-
-    /// The ranking of a device-routed decode step over several tier buffers
-    /// (`shaders/route.comp` with `TABLE`) of one row of `a.ne` gate logits at activation
-    /// offset 0, the slot table at `a.slots` of the routing buffer: its output row at
-    /// `a.out`, the routing words at `tab_out` of the routing buffer; returns the
-    /// indirect dispatch sizes of `buffers` buffers (gate/up groups `gu`, down groups
-    /// `down`) and the row's copy in the host's readback buffer.
-    pub fn route_table(
-        &self,
-        a: RankArgs,
-        buffers: u32,
-        tab_out: u32,
-        [gu, down]: [u32; 2],
-    ) -> Result<(Vec<u32>, Vec<f32>), VulkanError> {
-        let row = (a.ne + a.k + 1) as usize;
-        let sizes = host_buffer::<u32>(&self.ctx, 6 * buffers as u64, BufferUsage::STORAGE_BUFFER)?;
-        let io = host_buffer::<f32>(&self.ctx, row as u64, BufferUsage::STORAGE_BUFFER)?;
-        let set = set0(
-            &self.ctx,
-            &self.kernels.route_table,
-            &[sizes.clone().into_bytes(), io.clone().into_bytes()],
-        )?;
-        let push =
-            [a.ne, a.k, a.ranks, a.norm as u32, a.in_off, a.out, 0, a.slots, buffers, tab_out, gu, down, 0];
-        self.run(|r| r.dispatch(&self.kernels.route_table, Some(set.clone()), push, [1, 1, 1]), 1)?;
-        let sizes = sizes.read().map_err(verr("reading dispatch sizes"))?.to_vec();
-        let io = io.read().map_err(verr("reading the ranked row"))?.to_vec();
-        Ok((sizes, io))
     }
 
     /// The greedy choice (`shaders/argmax.comp`) of `values`, written at activation offset

@@ -33,33 +33,6 @@ pub const FLAG_TABLE: u32 = 8;
 /// residual at `out_off`, the bytes of the down projection followed by the `accumulate`
 /// kernel.
 pub const FLAG_COMBINE: u32 = 16;
-/// With [`FLAG_TABLE`], in the m=1 gate/up of a device-routed decode step whose experts
-/// one tier buffer (the bound one) holds: workgroup y ranks the token's experts itself
-/// ([`RankArgs`]; `shaders/route_rank.glsl`, the ranking kernel's bytes) and takes rank
-/// y's expert, so no ranking dispatch stands between the router and the experts.
-pub const FLAG_RANK: u32 = 32;
-
-/// The ranking inputs and outputs of a gate/up dispatch with [`FLAG_RANK`]
-/// (`rank_entry` in `shaders/matmul.comp`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RankArgs {
-    /// Activation offset of the token's gate logits.
-    pub in_off: u32,
-    /// Experts.
-    pub ne: u32,
-    /// Experts per token.
-    pub k: u32,
-    /// Experts ranked (k, or k + bets).
-    pub ranks: u32,
-    /// Whether the top-k weights are renormalised.
-    pub norm: bool,
-    /// Routing-buffer offset of the layer's slot table (per expert: 0 where the bound
-    /// buffer holds it, byte offset there).
-    pub slots: u32,
-    /// Activation offset of the ranked row (the ranking kernel's output row: ranks,
-    /// top-k weights, count of routed experts the buffer does not hold).
-    pub out: u32,
-}
 
 /// Push constants of the matmul and gate/up kernels (see `shaders/matmul.comp`).
 #[derive(Clone, Copy, Debug, Default)]
@@ -102,14 +75,12 @@ pub struct MatmulArgs {
     /// Tokens one workgroup row of a token-batched product without [`FLAG_TABLE`] takes
     /// (a multiple of [`BATCH_TOKENS`]; 0: all of them). [`Recorder::matmul`] sets it.
     pub span: u32,
-    /// The ranking of a gate/up dispatch with [`FLAG_RANK`].
-    pub rank: RankArgs,
 }
 
 impl MatmulArgs {
     /// The push constants (`Params` in `shaders/matmul_io.glsl`): the arguments, then the
     /// bits of 2^23, which the slice kernels' quant decoding reads at run time.
-    fn words(&self) -> [u32; 29] {
+    fn words(&self) -> [u32; 22] {
         let [s1, s2, s3] = self.stack.map(|(row, out)| if row == 0 { (u32::MAX, 0) } else { (row, out) });
         [
             self.rows,
@@ -134,13 +105,6 @@ impl MatmulArgs {
             self.wt_off,
             self.span,
             0x4B00_0000,
-            self.rank.in_off,
-            self.rank.ne,
-            self.rank.k,
-            self.rank.ranks,
-            self.rank.norm as u32,
-            self.rank.slots,
-            self.rank.out,
         ]
     }
 
@@ -219,15 +183,9 @@ impl Projection {
 }
 
 /// A matmul dispatch's name in the profile: its kernel and weight shape (rows × cols),
-/// which tells the projections of one kernel apart, and what it does besides the product
-/// (`+combine`: [`FLAG_COMBINE`], `+rank`: [`FLAG_RANK`]).
+/// which tells the projections of one kernel apart.
 fn shape_label(k: &Kernel, a: &MatmulArgs) -> String {
-    let extra = match (a.flags & FLAG_COMBINE != 0, a.flags & FLAG_RANK != 0) {
-        (true, _) => " +combine",
-        (false, true) => " +rank",
-        (false, false) => "",
-    };
-    format!("{} {}x{}{extra}", k.module, a.rows, a.cols)
+    format!("{} {}x{}", k.module, a.rows, a.cols)
 }
 
 /// A command buffer being recorded.
@@ -396,7 +354,9 @@ impl Recorder {
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        self.dispatch_as(kernel, Some(set), a.words(), a.groups(kernel), || shape_label(kernel, &a))
+        self.dispatch_as(kernel, Some(set), a.words(), a.groups(kernel), || {
+            format!("{} +combine", shape_label(kernel, &a))
+        })
     }
 
     /// The embedding lookup of `a.m` tokens from a table of `dtype` bound in `set`
