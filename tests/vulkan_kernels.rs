@@ -518,6 +518,69 @@ fn the_combining_down_projection_is_the_down_projection_then_the_combine() {
 }
 
 #[test]
+fn the_ranking_kernel_writes_each_tier_buffers_table() {
+    // A device-routed decode step's ranking (`route_table`) over several tier buffers:
+    // `route`'s ranks and weights, in the arena and the host's readback buffer; per
+    // buffer, the table of the routed experts it holds (in rank order, then the others
+    // with no pairs) and its indirect dispatch sizes; the count of routed experts no
+    // buffer holds.
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 16, 4096).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(18);
+    let (k, ranks, buffers, groups) = (8usize, 10usize, 3usize, [5u32, 9u32]);
+    let (row_off, ref_row, tab) = (2048u32, 4096u32, 16usize);
+    for ne in [40usize, 128, 300] {
+        // Expert e: in buffer e % 4 at byte offset 64e, in none for e % 4 = 3.
+        let slot = |e: usize| if e % 4 == 3 { [u32::MAX, 0] } else { [(e % 4) as u32, 64 * e as u32] };
+        let slots: Vec<u32> = (0..ne).flat_map(slot).collect();
+        let rows = [rand_vec(&mut rng, ne), (0..ne).map(|_| rng.random_range(0..3) as f32).collect()];
+        for (i, logits) in rows.iter().enumerate() {
+            let what = format!("{ne} experts, row {i}");
+            h.write_act(0, logits).unwrap();
+            h.route(ne as u32, k as u32, ranks as u32, true, 1, ref_row).unwrap();
+            let want = h.read_act(ref_row as usize, ne + k + 1).unwrap();
+            h.write_route(&vec![0u32; tab + 2 * k + 3 * k * buffers]).unwrap();
+            let (sizes, io) = h
+                .route_table(
+                    ne as u32,
+                    k as u32,
+                    ranks as u32,
+                    &slots,
+                    row_off,
+                    buffers as u32,
+                    tab as u32,
+                    groups,
+                )
+                .unwrap();
+            let row = h.read_act(row_off as usize, ne + k + 1).unwrap();
+            let ids: Vec<usize> = want[..k].iter().map(|v| v.to_bits() as usize).collect();
+            let misses = ids.iter().filter(|&&e| e % 4 == 3).count() as u32;
+            for got in [&row, &io] {
+                assert_eq!(bits(&got[..ranks]), bits(&want[..ranks]), "{what}: ranks");
+                assert_eq!(bits(&got[ne..ne + k]), bits(&want[ne..ne + k]), "{what}: weights");
+                assert_eq!(got[ne + k].to_bits(), misses, "{what}: misses");
+            }
+            let words = h.read_route(tab + 2 * k + 3 * k * buffers).unwrap();
+            assert_eq!(words[tab..tab + k], (0..k as u32).collect::<Vec<_>>(), "{what}: pair list");
+            assert_eq!(words[tab + k..tab + 2 * k], bits(&want[ne..ne + k]), "{what}: routing weights");
+            for b in 0..buffers {
+                let mine: Vec<usize> = (0..k).filter(|&r| ids[r] % 4 == b).collect();
+                let mut table: Vec<u32> = mine.iter().flat_map(|&r| [slot(ids[r])[1], r as u32, 1]).collect();
+                table.extend((0..k).filter(|&r| ids[r] % 4 != b).flat_map(|r| [0, r as u32, 0]));
+                let at = tab + 2 * k + 3 * k * b;
+                assert_eq!(words[at..at + 3 * k], table, "{what}: buffer {b}'s table");
+                let n = mine.len() as u32;
+                assert_eq!(
+                    sizes[6 * b..6 * b + 6],
+                    [groups[0], n, 1, groups[1], n, 1],
+                    "{what}: buffer {b}'s sizes"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn rows_and_unroll_of_a_tuning_do_not_change_results() {
     let Some(ctx) = vulkan::context() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(15);

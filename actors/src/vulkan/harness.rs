@@ -273,6 +273,42 @@ impl KernelHarness {
         self.run(|r| r.dispatch(&self.kernels.route, None, push, [1, m, 1]), 1).map(|_| ())
     }
 
+    /// The ranking of a device-routed decode step (`shaders/route.comp` with `TABLE`) of
+    /// one row of `ne` gate logits at activation offset 0 (`k` experts, `ranks` ranked,
+    /// renormalised), the tier's slot words `slots` (per expert: buffer or `u32::MAX`,
+    /// byte offset): its output row at `out_off`, the routing words at `tab_out` of the
+    /// routing buffer; returns the indirect dispatch sizes of `buffers` buffers (gate/up
+    /// workgroups `gu`, down workgroups `down`) and the row's copy for the host.
+    #[allow(clippy::too_many_arguments)]
+    pub fn route_table(
+        &self,
+        ne: u32,
+        k: u32,
+        ranks: u32,
+        slots: &[u32],
+        out_off: u32,
+        buffers: u32,
+        tab_out: u32,
+        [gu, down]: [u32; 2],
+    ) -> Result<(Vec<u32>, Vec<f32>), VulkanError> {
+        let table = upload_buffer::<u32>(&self.ctx, slots.len() as u64, BufferUsage::STORAGE_BUFFER)?;
+        table.write().map_err(verr("writing the slot table"))?.copy_from_slice(slots);
+        let sizes = host_buffer::<u32>(&self.ctx, 6 * buffers as u64, BufferUsage::STORAGE_BUFFER)?;
+        let io = host_buffer::<f32>(&self.ctx, (ne + k + 1) as u64, BufferUsage::STORAGE_BUFFER)?;
+        let bufs = [table.into_bytes(), sizes.clone().into_bytes(), io.clone().into_bytes()];
+        let set = set0(&self.ctx, &self.kernels.route_table, &bufs)?;
+        let push = [ne, k, ranks, 1, 0, out_off, 0, 0, buffers, tab_out, gu, down, 0];
+        self.run(|r| r.dispatch(&self.kernels.route_table, Some(set.clone()), push, [1, 1, 1]), 1)?;
+        let sizes = sizes.read().map_err(verr("reading dispatch sizes"))?.to_vec();
+        let io = io.read().map_err(verr("reading the ranked row"))?.to_vec();
+        Ok((sizes, io))
+    }
+
+    /// Reads the first `len` words of the routing buffer.
+    pub fn read_route(&self, len: usize) -> Result<Vec<u32>, VulkanError> {
+        Ok(self.route.read().map_err(verr("reading routing"))?[..len].to_vec())
+    }
+
     /// The greedy choice (`shaders/argmax.comp`) of `values`, written at activation offset
     /// 0 (the blocks' pairs after them; the activations must hold both).
     pub fn argmax(&self, values: &[f32]) -> Result<u32, VulkanError> {
