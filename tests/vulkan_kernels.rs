@@ -533,7 +533,11 @@ fn the_ranking_kernel_writes_each_tier_buffers_table() {
         // Expert e: in buffer e % 4 at byte offset 64e, in none for e % 4 = 3.
         let slot = |e: usize| if e % 4 == 3 { [u32::MAX, 0] } else { [(e % 4) as u32, 64 * e as u32] };
         let slots: Vec<u32> = (0..ne).flat_map(slot).collect();
-        let rows = [rand_vec(&mut rng, ne), (0..ne).map(|_| rng.random_range(0..3) as f32).collect()];
+        // Random logits, many ties, and a row whose two best experts no buffer holds.
+        let mut lacking = rand_vec(&mut rng, ne);
+        (lacking[3], lacking[7]) = (9.0, 8.0);
+        let rows =
+            [rand_vec(&mut rng, ne), (0..ne).map(|_| rng.random_range(0..3) as f32).collect(), lacking];
         for (i, logits) in rows.iter().enumerate() {
             let what = format!("{ne} experts, row {i}");
             h.write_act(0, logits).unwrap();
@@ -555,6 +559,7 @@ fn the_ranking_kernel_writes_each_tier_buffers_table() {
             let row = h.read_act(row_off as usize, ne + k + 1).unwrap();
             let ids: Vec<usize> = want[..k].iter().map(|v| v.to_bits() as usize).collect();
             let misses = ids.iter().filter(|&&e| e % 4 == 3).count() as u32;
+            assert!(i < 2 || misses >= 2, "{what}: the row routes experts no buffer holds");
             for got in [&row, &io] {
                 assert_eq!(bits(&got[..ranks]), bits(&want[..ranks]), "{what}: ranks");
                 assert_eq!(bits(&got[ne..ne + k]), bits(&want[ne..ne + k]), "{what}: weights");
