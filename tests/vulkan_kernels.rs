@@ -14,7 +14,7 @@ use smoe_actors::cpu::quantize::encode_rows;
 use smoe_actors::tensor::WeightView;
 use smoe_actors::vulkan::harness::{
     weight_unit, AttentionArgs, AttentionShape, DeltaArgs, KernelHarness, MatmulArgs, MatmulTuning,
-    Projection, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE, WIDE_ROWS,
+    Projection, RouteTableArgs, FLAG_ACCUMULATE, FLAG_GATHER, FLAG_SCATTER, FLAG_TABLE, WIDE_ROWS,
 };
 use smoe_proto::DType;
 
@@ -544,18 +544,18 @@ fn the_ranking_kernel_writes_each_tier_buffers_table() {
             h.route(ne as u32, k as u32, ranks as u32, true, 1, ref_row).unwrap();
             let want = h.read_act(ref_row as usize, ne + k + 1).unwrap();
             h.write_route(&vec![0u32; tab + 2 * k + 3 * k * buffers]).unwrap();
-            let (sizes, io) = h
-                .route_table(
-                    ne as u32,
-                    k as u32,
-                    ranks as u32,
-                    &slots,
-                    row_off,
-                    buffers as u32,
-                    tab as u32,
-                    groups,
-                )
-                .unwrap();
+            let a = RouteTableArgs {
+                ne: ne as u32,
+                k: k as u32,
+                ranks: ranks as u32,
+                norm: true,
+                out_off: row_off,
+                buffers: buffers as u32,
+                tab_out: tab as u32,
+                groups,
+                ..Default::default()
+            };
+            let (sizes, io) = h.route_table(a, &slots).unwrap();
             let row = h.read_act(row_off as usize, ne + k + 1).unwrap();
             let ids: Vec<usize> = want[..k].iter().map(|v| v.to_bits() as usize).collect();
             let misses = ids.iter().filter(|&&e| e % 4 == 3).count() as u32;

@@ -46,6 +46,58 @@ pub fn fast_route_words(k: usize) -> usize {
     2 * k + 3 * k * MAX_BUFFERS
 }
 
+/// The push constants of `route_table` (`shaders/route.comp` with `TABLE`): one token's
+/// ranking, looked up in the tier's slot table, written as each tier buffer's routing words
+/// and dispatch sizes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RouteTableArgs {
+    /// Experts.
+    pub ne: u32,
+    /// Experts per token.
+    pub k: u32,
+    /// Experts ranked (k, or k + bets).
+    pub ranks: u32,
+    /// Whether the top-k weights are renormalised.
+    pub norm: bool,
+    /// Activation offset of the token's gate logits.
+    pub in_off: u32,
+    /// Activation offset of the output row (ranks, top-k weights, misses).
+    pub out_off: u32,
+    /// Activation elements between tokens' output rows.
+    pub out_stride: u32,
+    /// Slot-table entry of the layer's first expert.
+    pub slot_off: u32,
+    /// Tier buffers that may hold the layer's experts.
+    pub buffers: u32,
+    /// Routing-buffer offset of the routing words.
+    pub tab_out: u32,
+    /// Workgroups (x) of one gate/up dispatch and of one down dispatch.
+    pub groups: [u32; 2],
+    /// Offset of the output row's copy in the host's readback buffer.
+    pub io_out: u32,
+}
+
+impl RouteTableArgs {
+    /// The push constants, in `route.comp`'s order.
+    pub fn words(&self) -> [u32; 13] {
+        [
+            self.ne,
+            self.k,
+            self.ranks,
+            self.norm as u32,
+            self.in_off,
+            self.out_off,
+            self.out_stride,
+            self.slot_off,
+            self.buffers,
+            self.tab_out,
+            self.groups[0],
+            self.groups[1],
+            self.io_out,
+        ]
+    }
+}
+
 /// The device side of device-routed steps.
 pub struct DeviceRoutes {
     /// The tier's slot table as the device reads it ([`VramTier::slot_words`]).
@@ -175,22 +227,21 @@ impl VulkanBackend {
         let out = a.routed + l as u32 * a.routed_stride;
         let fast_off = self.ex.fast_off;
         let io_at = self.io_routed + l * a.routed_stride as usize;
-        let push = [
-            ne as u32,
-            k as u32,
-            ranks as u32,
-            c.norm_topk_prob as u32,
-            a.router,
-            out,
-            a.routed_stride,
-            (l * ne) as u32,
-            nb as u32,
-            fast_off as u32,
-            gu_groups,
-            down_groups,
-            io_at as u32,
-        ];
-        self.rec()?.dispatch(&kernels.route_table, Some(set), push, [1, 1, 1])?;
+        let args = RouteTableArgs {
+            ne: ne as u32,
+            k: k as u32,
+            ranks: ranks as u32,
+            norm: c.norm_topk_prob,
+            in_off: a.router,
+            out_off: out,
+            out_stride: a.routed_stride,
+            slot_off: (l * ne) as u32,
+            buffers: nb as u32,
+            tab_out: fast_off as u32,
+            groups: [gu_groups, down_groups],
+            io_out: io_at as u32,
+        };
+        self.rec()?.dispatch(&kernels.route_table, Some(set), args.words(), [1, 1, 1])?;
         for (b, buf) in buffers.iter().enumerate() {
             let (down, gu) = self.window_sets(buf, 0, self.ctx.info.max_storage_buffer_range)?;
             let tab_off = (fast_off + 2 * k + 3 * k * b) as u32;

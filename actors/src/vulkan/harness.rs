@@ -22,6 +22,7 @@ use super::record::set0;
 use super::VulkanError;
 use crate::tensor::WeightView;
 
+pub use super::device_route::RouteTableArgs;
 pub use super::record::{
     weight_unit, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE, FLAG_COMBINE, FLAG_GATHER, FLAG_SCATTER,
     FLAG_TABLE, WIDE_ROWS,
@@ -273,32 +274,19 @@ impl KernelHarness {
         self.run(|r| r.dispatch(&self.kernels.route, None, push, [1, m, 1]), 1).map(|_| ())
     }
 
-    /// The ranking of a device-routed decode step (`shaders/route.comp` with `TABLE`) of
-    /// one row of `ne` gate logits at activation offset 0 (`k` experts, `ranks` ranked,
-    /// renormalised), the tier's slot words `slots` (per expert: buffer or `u32::MAX`,
-    /// byte offset): its output row at `out_off`, the routing words at `tab_out` of the
-    /// routing buffer; returns the indirect dispatch sizes of `buffers` buffers (gate/up
-    /// workgroups `gu`, down workgroups `down`) and the row's copy for the host.
-    #[allow(clippy::too_many_arguments)]
-    pub fn route_table(
-        &self,
-        ne: u32,
-        k: u32,
-        ranks: u32,
-        slots: &[u32],
-        out_off: u32,
-        buffers: u32,
-        tab_out: u32,
-        [gu, down]: [u32; 2],
-    ) -> Result<(Vec<u32>, Vec<f32>), VulkanError> {
+    /// The ranking of a device-routed decode step (`shaders/route.comp` with `TABLE`) as
+    /// `a` says, over the tier's slot table `slots` (per expert: buffer or `u32::MAX`, byte
+    /// offset; `a.slot_off` indexes it); returns the indirect dispatch sizes of the
+    /// `a.buffers` buffers and the host's readback buffer (`a.io_out` + the output row).
+    pub fn route_table(&self, a: RouteTableArgs, slots: &[u32]) -> Result<(Vec<u32>, Vec<f32>), VulkanError> {
         let table = upload_buffer::<u32>(&self.ctx, slots.len() as u64, BufferUsage::STORAGE_BUFFER)?;
         table.write().map_err(verr("writing the slot table"))?.copy_from_slice(slots);
-        let sizes = host_buffer::<u32>(&self.ctx, 6 * buffers as u64, BufferUsage::STORAGE_BUFFER)?;
-        let io = host_buffer::<f32>(&self.ctx, (ne + k + 1) as u64, BufferUsage::STORAGE_BUFFER)?;
+        let sizes = host_buffer::<u32>(&self.ctx, 6 * a.buffers as u64, BufferUsage::STORAGE_BUFFER)?;
+        let io_len = (a.io_out + a.ne + a.k + 1) as u64;
+        let io = host_buffer::<f32>(&self.ctx, io_len, BufferUsage::STORAGE_BUFFER)?;
         let bufs = [table.into_bytes(), sizes.clone().into_bytes(), io.clone().into_bytes()];
         let set = set0(&self.ctx, &self.kernels.route_table, &bufs)?;
-        let push = [ne, k, ranks, 1, 0, out_off, 0, 0, buffers, tab_out, gu, down, 0];
-        self.run(|r| r.dispatch(&self.kernels.route_table, Some(set.clone()), push, [1, 1, 1]), 1)?;
+        self.run(|r| r.dispatch(&self.kernels.route_table, Some(set.clone()), a.words(), [1, 1, 1]), 1)?;
         let sizes = sizes.read().map_err(verr("reading dispatch sizes"))?.to_vec();
         let io = io.read().map_err(verr("reading the ranked row"))?.to_vec();
         Ok((sizes, io))
