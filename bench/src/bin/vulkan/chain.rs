@@ -9,7 +9,12 @@
 //! barriers, put an RMSNorm of each link's input in a dispatch of its own or fold it into
 //! the link (what a norm dispatch fewer saves). A last ordering runs each chain as one
 //! dispatch of a few resident workgroups meeting at a grid barrier after every link (what
-//! a layer fused into one dispatch would pay per dependent step).
+//! a layer fused into one dispatch would pay per dependent step). Two more record the
+//! barrier chain through vulkano's `AutoCommandBufferBuilder`, as the executor's
+//! `Recorder` does, which derives the barriers itself: with every link's weights in one
+//! binding, and with each link binding its own weights (a decode step's dispatches each
+//! read weights the command buffer has not touched yet, and vulkano puts an all-commands,
+//! all-memory barrier before a buffer range's first use).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +23,7 @@ use ash::vk;
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{
     AutoCommandBufferBuilder, CommandBuffer, CommandBufferBeginInfo, CommandBufferLevel, CommandBufferUsage,
-    CopyBufferInfo, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
+    CopyBufferInfo, PrimaryAutoCommandBuffer, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
 };
 use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
 use vulkano::pipeline::compute::ComputePipelineCreateInfo;
@@ -78,6 +83,10 @@ enum Order {
     /// (`early`) or after it, polling the barrier's count by an atomic load (`load`) or an
     /// atomic add of 0.
     Persist { early: bool, load: bool },
+    /// Barriers derived by vulkano's auto command buffer builder (the executor's way of
+    /// recording), every link's weights bound at once (`own_weights` false) or each link
+    /// binding only its own matrix, first used by that link.
+    Auto { own_weights: bool },
 }
 
 impl Order {
@@ -98,13 +107,17 @@ impl Order {
                 if load { "atomic loads" } else { "atomic adds" },
                 if early { "before" } else { "after" }
             ),
+            Order::Auto { own_weights } => format!(
+                "vulkano's derived barriers, {}",
+                if own_weights { "each link binding its own weights" } else { "the weights bound once" }
+            ),
         }
     }
 
     /// The kernel's `mode` bits for this ordering.
     fn mode(self) -> u32 {
         match self {
-            Order::Barrier | Order::Free | Order::NormApart => 0,
+            Order::Barrier | Order::Free | Order::NormApart | Order::Auto { .. } => 0,
             Order::Count { early, .. } => MODE_WAIT | if early { MODE_EARLY } else { 0 },
             Order::NormFolded => MODE_NORM,
             Order::Persist { early, load } => {
@@ -116,7 +129,11 @@ impl Order {
     /// Whether a barrier follows link `i` (of a chain, counted over the whole buffer).
     fn barrier_after(self, i: usize) -> bool {
         match self {
-            Order::Barrier | Order::NormApart | Order::NormFolded | Order::Persist { .. } => true,
+            Order::Barrier
+            | Order::NormApart
+            | Order::NormFolded
+            | Order::Persist { .. }
+            | Order::Auto { .. } => true,
             Order::Count { span, .. } => span < LINKS && (i + 1).is_multiple_of(span),
             Order::Free => false,
         }
@@ -143,8 +160,26 @@ struct Chain {
     ctx: Arc<VulkanContext>,
     pipeline: Arc<ComputePipeline>,
     set: Arc<DescriptorSet>,
+    /// Per link, a set binding only that link's matrix (for [`Order::Auto`]).
+    link_sets: Vec<Arc<DescriptorSet>>,
     io: Subbuffer<[u8]>,
     counts: Subbuffer<[u32]>,
+}
+
+/// A recorded chain: raw, or built by vulkano's auto command buffer builder.
+enum Recorded {
+    Raw(CommandBuffer),
+    Auto(Arc<PrimaryAutoCommandBuffer>),
+}
+
+impl Recorded {
+    /// The command buffer to submit.
+    fn raw(&self) -> &CommandBuffer {
+        match self {
+            Recorded::Raw(cb) => cb,
+            Recorded::Auto(cb) => cb.as_raw(),
+        }
+    }
 }
 
 /// A device-local storage buffer holding `data`.
@@ -184,26 +219,33 @@ impl Chain {
         let io = device_local(&ctx, &initial_io());
         let counts = device_buffer::<u32>(&ctx, (reps * LINKS + 1) as u64, BufferUsage::STORAGE_BUFFER)
             .expect("counts");
-        let set = DescriptorSet::new(
-            ctx.descriptors.clone(),
-            pipeline.layout().set_layouts()[0].clone(),
-            [
-                WriteDescriptorSet::buffer(0, w),
-                WriteDescriptorSet::buffer(1, io.clone()),
-                WriteDescriptorSet::buffer(2, counts.clone()),
-                WriteDescriptorSet::buffer(
-                    3,
-                    device_local(&ctx, &(0..COLS).map(|i| 0.5 + (i % 7) as f32 / 8.0).collect::<Vec<_>>()),
-                ),
-            ],
-            [],
-        )
-        .expect("set");
-        Chain { ctx, pipeline, set, io, counts }
+        let nw = device_local(&ctx, &(0..COLS).map(|i| 0.5 + (i % 7) as f32 / 8.0).collect::<Vec<_>>());
+        let set_for = |w: Subbuffer<[u8]>| {
+            DescriptorSet::new(
+                ctx.descriptors.clone(),
+                pipeline.layout().set_layouts()[0].clone(),
+                [
+                    WriteDescriptorSet::buffer(0, w),
+                    WriteDescriptorSet::buffer(1, io.clone()),
+                    WriteDescriptorSet::buffer(2, counts.clone()),
+                    WriteDescriptorSet::buffer(3, nw.clone()),
+                ],
+                [],
+            )
+            .expect("set")
+        };
+        let link = (rows * COLS * 4) as u64;
+        let link_sets =
+            (0..LINKS as u64).map(|i| set_for(w.clone().slice(i * link..(i + 1) * link))).collect();
+        let set = set_for(w);
+        Chain { ctx, pipeline, set, link_sets, io, counts }
     }
 
     /// `reps` chains of [`LINKS`] links over `rows` rows, ordered as `order` says.
-    fn record(&self, rows: usize, reps: usize, order: Order) -> CommandBuffer {
+    fn record(&self, rows: usize, reps: usize, order: Order) -> Recorded {
+        if let Order::Auto { own_weights } = order {
+            return Recorded::Auto(self.record_auto(rows, reps, own_weights));
+        }
         let ctx = &self.ctx;
         let begin =
             CommandBufferBeginInfo { usage: CommandBufferUsage::MultipleSubmit, ..Default::default() };
@@ -305,14 +347,55 @@ impl Chain {
                     }
                 }
             }
-            cb.end().expect("end")
+            Recorded::Raw(cb.end().expect("end"))
         }
     }
 
+    /// The barrier chain recorded as the executor records (vulkano's builder deriving
+    /// every barrier): [`Order::Auto`].
+    fn record_auto(&self, rows: usize, reps: usize, own_weights: bool) -> Arc<PrimaryAutoCommandBuffer> {
+        let ctx = &self.ctx;
+        let mut b = AutoCommandBufferBuilder::primary(
+            ctx.commands.clone(),
+            ctx.compute.queue_family_index(),
+            CommandBufferUsage::MultipleSubmit,
+        )
+        .expect("builder");
+        let layout = self.pipeline.layout().clone();
+        let groups = rows.div_ceil(4) as u32;
+        b.fill_buffer(self.counts.clone(), 0).expect("fill");
+        b.bind_pipeline_compute(self.pipeline.clone()).expect("bind pipeline");
+        for k in 0..reps {
+            for i in 0..LINKS {
+                let sig = (k * LINKS + i + 1) as u32;
+                let (set, w_off4) = if own_weights {
+                    (self.link_sets[i].clone(), 0)
+                } else {
+                    (self.set.clone(), (i * rows * COLS / 4) as u32)
+                };
+                let p = Params {
+                    rows: rows as u32,
+                    w_off4,
+                    in_off: ((i % 2) * REGION) as u32,
+                    out_off: (((i + 1) % 2) * REGION) as u32,
+                    wait_idx: sig - 1,
+                    wait_for: 0,
+                    sig_idx: sig,
+                    mode: 0,
+                };
+                b.bind_descriptor_sets(PipelineBindPoint::Compute, layout.clone(), 0, set).expect("bind set");
+                b.push_constants(layout.clone(), 0, p).expect("push");
+                // SAFETY: as the raw recording's dispatches.
+                unsafe { b.dispatch([groups, 1, 1]) }.expect("dispatch");
+            }
+        }
+        b.build().expect("build")
+    }
+
     /// Submits `cb` and waits for it; the wall time.
-    fn run(&self, cb: &CommandBuffer, fence: &Fence) -> Duration {
+    fn run(&self, cb: &Recorded, fence: &Fence) -> Duration {
         let fns = self.ctx.device.fns();
-        let handle = cb.handle();
+        let handle = cb.raw().handle();
         let submit = vk::SubmitInfo::default().command_buffers(std::slice::from_ref(&handle));
         let t = Instant::now();
         // SAFETY: the command buffer is not executing (every submission is waited for),
@@ -370,6 +453,8 @@ pub fn chain(index: usize) {
         Order::Persist { early: true, load: false },
         Order::Persist { early: false, load: true },
         Order::Persist { early: true, load: true },
+        Order::Auto { own_weights: false },
+        Order::Auto { own_weights: true },
     ];
     for rows in [16usize, 512, 2048] {
         let reps = 64;
@@ -380,13 +465,13 @@ pub fn chain(index: usize) {
             let expected = match order {
                 Order::Free | Order::Barrier | Order::NormApart => continue,
                 Order::NormFolded => &normed,
-                Order::Count { .. } | Order::Persist { .. } => &reference,
+                Order::Count { .. } | Order::Persist { .. } | Order::Auto { .. } => &reference,
             };
             if c.result(rows, order, &fence) != *expected {
                 println!("rows {rows}: {}: results DIFFER from its reference (the barrier chain, or the separate norm)", order.label());
             }
         }
-        let cbs: Vec<CommandBuffer> = orders.iter().map(|&o| c.record(rows, reps, o)).collect();
+        let cbs: Vec<Recorded> = orders.iter().map(|&o| c.record(rows, reps, o)).collect();
         // Warm the clocks up, then seven timed rounds with the orderings interleaved.
         let until = Instant::now() + Duration::from_millis(300);
         while Instant::now() < until {
