@@ -110,9 +110,21 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         assert!(routed["calls"].as_u64().unwrap() > 0, "{routed}");
         // Their down projections add the MoE combine themselves (one tier buffer per
         // layer); the logits above are byte-compared with the tier off.
-        let kernels = out["stats"]["profile"]["regimes"][1]["kernels"].as_array().unwrap();
+        let decode = &out["stats"]["profile"]["regimes"][1];
+        let kernels = decode["kernels"].as_array().unwrap();
         let fused = kernels.iter().filter(|k| k["name"].as_str().unwrap().ends_with("+combine"));
         assert!(fused.map(|k| k["dispatches"].as_u64().unwrap()).sum::<u64>() > 0, "{kernels:?}");
+        // Profiled steps replay their kept command buffer too, timestamps and all: the
+        // replayed steps' kernels are counted (each ranks its 4 MoE layers, as does the
+        // step that recorded the buffer).
+        let replayed = decode["replayed"].as_u64().unwrap();
+        let count = |name: &str| kernels.iter().find(|k| k["name"] == name).map(|k| &k["dispatches"]);
+        let tables = count("route_table").and_then(Value::as_u64).unwrap_or(0);
+        assert!(
+            replayed > 0 && tables >= 4 * (replayed + 1),
+            "{replayed} replayed, {tables} rankings: {decode}"
+        );
+        assert!(kernels.iter().all(|k| k["device"].as_f64().unwrap() > 0.0), "{kernels:?}");
         // Without the profile, device-routed decode steps after the first replay its kept
         // command buffer: the same bytes.
         let (out, logits) = run(dir.path(), &vault, 1 << 30, &[]);

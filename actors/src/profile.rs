@@ -154,6 +154,9 @@ pub struct RegimeProfile {
     /// backend measures it.
     #[serde(serialize_with = "secs")]
     pub device_idle: Duration,
+    /// Blocks that ran a command buffer kept from an earlier block instead of recording
+    /// their own (Vulkan decode steps, `actors/src/vulkan/replay.rs`).
+    pub replayed: u64,
     /// Per phase, indexed as [`Phase::ALL`].
     pub phases: Vec<PhaseTimes>,
     /// Per kernel, where the backend stamps every dispatch, in first-run order.
@@ -236,9 +239,10 @@ impl fmt::Display for PhaseProfile {
             }
             let wall = ms(r.wall).max(1e-9);
             let rate = r.tokens as f64 / r.wall.as_secs_f64().max(1e-12);
+            let replayed = if r.replayed > 0 { format!(" ({} replayed)", r.replayed) } else { String::new() };
             writeln!(
                 f,
-                "{regime:?}: {} blocks, {} tokens, wall {:.2} ms ({rate:.1} tok/s)",
+                "{regime:?}: {} blocks{replayed}, {} tokens, wall {:.2} ms ({rate:.1} tok/s)",
                 r.blocks,
                 r.tokens,
                 ms(r.wall)

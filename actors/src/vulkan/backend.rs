@@ -77,6 +77,9 @@ pub struct VulkanBackend {
     pub(super) replays: Replays,
     /// Device timestamps, while profiling.
     pub(super) timer: Option<SharedTimer>,
+    /// A phase marked while nothing was being recorded: stamped when the next recording
+    /// starts, once the pass has said whether it replays a kept one (which stamps nothing).
+    phase_due: Option<(Regime, Phase)>,
 }
 
 impl VulkanBackend {
@@ -142,6 +145,7 @@ impl VulkanBackend {
             routes,
             replays: Replays::default(),
             timer: None,
+            phase_due: None,
             kernels,
             ctx,
             model,
@@ -179,6 +183,9 @@ impl VulkanBackend {
                 Recorder::new(&self.ctx, self.kernels.clone(), self.act_set.clone(), self.replays.usage())?;
             rec.discard = self.replays.replaying();
             rec.timer = self.timer.clone();
+            if let (Some(t), Some((regime, phase))) = (&self.timer, self.phase_due.take()) {
+                lock(t).enter(regime, phase, &mut rec.cb)?;
+            }
             self.rec = Some(rec);
         }
         Ok(self.rec.as_mut().expect("just started"))
@@ -197,17 +204,30 @@ impl VulkanBackend {
         }
         let cb = match self.replays.take_replay() {
             // A kept decode buffer with nothing before it: submitted as it is.
-            Some(kept) if wait && self.pending.is_none() && self.transfer.is_none() => {
+            Some((kept, stamps)) if wait && self.pending.is_none() && self.transfer.is_none() => {
+                let t = Instant::now();
                 self.replays.run(&self.ctx, kept)?;
                 if let Some(v) = self.ex.vram.as_mut() {
                     v.settle();
                 }
+                if let (Some(timer), Some(stamps)) = (&self.timer, &stamps) {
+                    let mut timer = lock(timer);
+                    timer.replayed(stamps);
+                    timer.waited(t.elapsed());
+                    timer.collect()?;
+                }
                 return Ok(());
             }
-            Some(kept) => kept,
+            Some((kept, stamps)) => {
+                if let (Some(timer), Some(stamps)) = (&self.timer, &stamps) {
+                    lock(timer).replayed(stamps);
+                }
+                kept
+            }
             None => {
                 let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
-                self.replays.keep(&cb);
+                let timer = self.timer.clone();
+                self.replays.keep(&cb, || timer.and_then(|t| lock(&t).last_stamps()));
                 cb
             }
         };
@@ -247,10 +267,13 @@ impl VulkanBackend {
     }
 
     /// While profiling, marks the start of `phase` (of a block in `regime`) in the
-    /// recording.
+    /// recording in progress, or in the next one to start ([`VulkanBackend::phase_due`]).
     pub(super) fn mark(&mut self, regime: Regime, phase: Phase) -> Result<(), VulkanError> {
         if let Some(t) = self.timer.clone() {
-            lock(&t).enter(regime, phase, &mut self.rec()?.cb)?;
+            match self.rec.as_mut() {
+                Some(rec) => lock(&t).enter(regime, phase, &mut rec.cb)?,
+                None => self.phase_due = Some((regime, phase)),
+            }
         }
         Ok(())
     }
@@ -634,6 +657,7 @@ impl Backend for VulkanBackend {
             r.abandon();
         }
         self.replays.abandon();
+        self.phase_due = None;
         if let Some(t) = self.timer.clone() {
             let mut t = lock(&t);
             t.discard();
@@ -651,13 +675,19 @@ impl Backend for VulkanBackend {
         device_bets: Option<usize>,
         logits: bool,
     ) -> Result<(), ForwardError> {
-        let replayable = rows == 1 && self.timer.is_none() && self.model.cfg.hybrid.is_none();
+        // With the profile, a pass keeps or replays its timestamps with its commands, so
+        // it starts with every query free (they are the same ones at every replay).
+        let timed = self.timer.as_ref().map(|t| lock(t).idle());
+        let replayable = rows == 1 && timed != Some(false) && self.model.cfg.hybrid.is_none();
         let emit = match (logits, self.greedy_only) {
             (false, _) => Emit::Nothing,
             (true, false) => Emit::Logits,
             (true, true) => Emit::Greedy,
         };
-        self.replays.begin(kv, device_bets.filter(|_| replayable).map(|bets| (bets, emit)));
+        self.replays.begin(kv, device_bets.filter(|_| replayable).map(|bets| (bets, emit, timed.is_some())));
+        if let Some(t) = &self.timer {
+            lock(t).set_replaying(self.replays.replaying());
+        }
         // The block's position is data, not a push constant, so a kept recording serves
         // every position: the host writes it, the recording copies it to the arena's
         // position word, which the RoPE and attention kernels read.
@@ -685,6 +715,7 @@ impl Backend for VulkanBackend {
 
     fn set_device_timing(&mut self, on: bool) -> Result<bool, ForwardError> {
         self.timer = if on { DeviceTimer::new(&self.ctx)? } else { None };
+        self.replays.forget_timed();
         Ok(self.timer.is_some())
     }
 

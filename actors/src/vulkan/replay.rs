@@ -8,7 +8,9 @@
 //! run the operations for their host-side effects only (the recorder discards the
 //! commands) and submit the kept buffer: no recording, no building, no barrier
 //! computation on the host per token, and (with nothing else in flight) one raw queue
-//! submission whose fence the host polls.
+//! submission whose fence the host polls. While the phase profile times the device, the
+//! kept buffer holds the pass's timestamps too ([`KeptStamps`]): they are read back after
+//! every replay, so a profiled decode runs as fast as an unprofiled one.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -23,6 +25,7 @@ use super::context::VulkanContext;
 use super::VulkanError;
 
 use super::kv::{KvLayer, VulkanKvCache};
+use super::timing::KeptStamps;
 
 /// Command buffers kept at once (sessions decoding in turn on one pass).
 const KEPT: usize = 8;
@@ -42,15 +45,19 @@ pub enum Emit {
 }
 
 /// What a replayable pass's commands depend on besides its cache: the bets each
-/// device-routed step ranks beyond top-k, and what it hands back.
-pub type Shape = (usize, Emit);
+/// device-routed step ranks beyond top-k, what it hands back, and whether it writes the
+/// phase profile's timestamps.
+pub type Shape = (usize, Emit, bool);
+
+/// A command buffer to submit again, and the timestamps it writes (with the profile).
+pub type KeptBuffer = (Arc<PrimaryAutoCommandBuffer>, Option<KeptStamps>);
 
 /// A kept command buffer and what it was recorded for.
 struct Kept {
     /// The session's cache (its buffers are bound in the recording).
     kv: Weak<Vec<Option<KvLayer>>>,
     shape: Shape,
-    cb: Arc<PrimaryAutoCommandBuffer>,
+    buffer: KeptBuffer,
 }
 
 /// What the current pass does with its recording.
@@ -60,7 +67,7 @@ enum Mode {
     /// Records a buffer to keep for (cache, shape).
     Capture(Weak<Vec<Option<KvLayer>>>, Shape),
     /// Discards its commands and submits this kept buffer.
-    Replay(Arc<PrimaryAutoCommandBuffer>),
+    Replay(KeptBuffer),
 }
 
 /// The kept command buffers of one backend and the current pass's mode.
@@ -88,7 +95,7 @@ impl Replays {
                     k.shape == shape && k.kv.upgrade().is_some_and(|a| Arc::ptr_eq(&a, &kv.layers))
                 };
                 match self.kept.iter().find(same) {
-                    Some(k) => Mode::Replay(k.cb.clone()),
+                    Some(k) => Mode::Replay(k.buffer.clone()),
                     None => Mode::Capture(Arc::downgrade(&kv.layers), shape),
                 }
             }
@@ -111,9 +118,9 @@ impl Replays {
     /// At the pass's submission: the kept buffer to run instead of the recording, if
     /// replaying. The pass then goes back to recording (a second submission in one
     /// pass, which a replayable pass never makes, records as usual).
-    pub fn take_replay(&mut self) -> Option<Arc<PrimaryAutoCommandBuffer>> {
+    pub fn take_replay(&mut self) -> Option<KeptBuffer> {
         match std::mem::replace(&mut self.mode, Mode::Record) {
-            Mode::Replay(cb) => Some(cb),
+            Mode::Replay(kept) => Some(kept),
             m => {
                 self.mode = m;
                 None
@@ -121,15 +128,22 @@ impl Replays {
         }
     }
 
-    /// At the pass's submission of its recording `cb`: kept when the pass captures.
-    pub fn keep(&mut self, cb: &Arc<PrimaryAutoCommandBuffer>) {
+    /// At the pass's submission of its recording `cb`, which wrote `stamps`: kept when
+    /// the pass captures.
+    pub fn keep(&mut self, cb: &Arc<PrimaryAutoCommandBuffer>, stamps: impl FnOnce() -> Option<KeptStamps>) {
         if let Mode::Capture(kv, shape) = std::mem::replace(&mut self.mode, Mode::Record) {
             self.kept.retain(|k| k.kv.strong_count() > 0);
             if self.kept.len() == KEPT {
                 self.kept.remove(0);
             }
-            self.kept.push(Kept { kv, shape, cb: cb.clone() });
+            self.kept.push(Kept { kv, shape, buffer: (cb.clone(), stamps()) });
         }
+    }
+
+    /// Drops the kept buffers that write timestamps (the profile's query pool they
+    /// write is being replaced).
+    pub fn forget_timed(&mut self) {
+        self.kept.retain(|k| !k.shape.2);
     }
 
     /// Runs the kept buffer `cb` and waits for it, with nothing submitted before it

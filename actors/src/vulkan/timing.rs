@@ -37,6 +37,11 @@ enum Mark {
 /// The marks of one command buffer: (query, mark), in recording order.
 type Marks = Vec<(u32, Mark)>;
 
+/// The timestamps a kept decode recording writes (`super::replay`): its queries and
+/// what each marks, counted again every time the recording is replayed.
+#[derive(Clone, Debug)]
+pub struct KeptStamps(Marks);
+
 /// A backend's timer, shared with its recorders (which stamp every dispatch).
 pub type SharedTimer = Arc<Mutex<DeviceTimer>>;
 
@@ -67,6 +72,9 @@ pub struct DeviceTimer {
     acc: PhaseProfile,
     /// Kernel names seen, indexed by [`Mark::Kernel`].
     names: Vec<String>,
+    /// The pass in progress replays a kept recording: its own commands are discarded,
+    /// so nothing is stamped into them (the kept recording's stamps count instead).
+    replaying: bool,
 }
 
 impl DeviceTimer {
@@ -100,6 +108,7 @@ impl DeviceTimer {
             last_end: None,
             acc: PhaseProfile::default(),
             names: Vec::new(),
+            replaying: false,
         }))))
     }
 
@@ -111,7 +120,7 @@ impl DeviceTimer {
         transfer: bool,
     ) -> Result<(), VulkanError> {
         let reserve = if matches!(mark, Mark::End(_)) { 0 } else { 2 };
-        if self.next + reserve >= QUERIES {
+        if self.replaying || self.next + reserve >= QUERIES {
             return Ok(());
         }
         let q = self.next;
@@ -204,6 +213,38 @@ impl DeviceTimer {
     pub fn discard(&mut self) {
         self.open.clear();
         self.open_transfer.clear();
+        self.replaying = false;
+    }
+
+    /// Whether a pass starting now may capture or replay a timed recording: every
+    /// query is free (all were read back at the last host wait) and nothing is being
+    /// recorded, so its queries are the same ones at every replay.
+    pub fn idle(&self) -> bool {
+        self.next == 0 && self.open.is_empty() && self.open_transfer.is_empty()
+    }
+
+    /// Whether the pass in progress replays a kept recording (nothing stamped meanwhile).
+    pub fn set_replaying(&mut self, on: bool) {
+        self.replaying = on;
+    }
+
+    /// The stamps of the compute recording just ended ([`DeviceTimer::end`]), to keep
+    /// with it.
+    pub fn last_stamps(&self) -> Option<KeptStamps> {
+        self.submitted.iter().rev().find(|(transfer, _)| !transfer).map(|(_, m)| KeptStamps(m.clone()))
+    }
+
+    /// A kept recording with `stamps` was submitted again: its timestamps are read back
+    /// at the next host wait, as a recording's are, and the block counts as replayed.
+    pub fn replayed(&mut self, stamps: &KeptStamps) {
+        self.replaying = false;
+        let Some(&(_, first)) = stamps.0.first() else { return };
+        let regime = match first {
+            Mark::Phase(r, _) | Mark::End(r) | Mark::Kernel(r, _) => r,
+        };
+        self.acc.regime_mut(regime).replayed += 1;
+        self.next = self.next.max(stamps.0.iter().map(|&(q, _)| q + 1).max().unwrap_or(0));
+        self.submitted.push((false, stamps.0.clone()));
     }
 
     /// Reads the timestamps of every submitted command buffer (all have run: called
@@ -255,6 +296,7 @@ impl DeviceTimer {
     pub fn take(&mut self, into: &mut PhaseProfile) {
         for (dst, src) in into.regimes.iter_mut().zip(&mut self.acc.regimes) {
             dst.device_idle += std::mem::take(&mut src.device_idle);
+            dst.replayed += std::mem::take(&mut src.replayed);
             for k in std::mem::take(&mut src.kernels) {
                 dst.add_kernel(&k.name, k.dispatches, k.device);
             }
