@@ -57,8 +57,9 @@ const MODE_NORM: u32 = 4;
 const MODE_NORM_ONLY: u32 = 8;
 const MODE_PERSIST: u32 = 16;
 const MODE_POLL_LOAD: u32 = 32;
-/// Workgroups of a persistent chain at most (one per SM of an H100/H200 and fewer: all
-/// resident at once, which the grid barrier needs).
+/// Workgroups of a persistent chain at most, by default (one per SM of an H100/H200 and
+/// fewer: all resident at once, which the grid barrier needs); [`Order::Persist`] also
+/// runs with two per SM.
 const PERSIST_GROUPS: usize = 128;
 
 /// How consecutive links are ordered.
@@ -81,8 +82,8 @@ enum Order {
     /// One dispatch a chain: resident workgroups take every link's rows in turn and meet
     /// at a grid barrier after each, loading their next link's first rows before the wait
     /// (`early`) or after it, polling the barrier's count by an atomic load (`load`) or an
-    /// atomic add of 0.
-    Persist { early: bool, load: bool },
+    /// atomic add of 0; at most `groups` workgroups.
+    Persist { early: bool, load: bool, groups: usize },
     /// Barriers derived by vulkano's auto command buffer builder (the executor's way of
     /// recording), every link's weights bound at once (`own_weights` false) or each link
     /// binding only its own matrix, first used by that link.
@@ -102,10 +103,11 @@ impl Order {
             Order::Free => "no ordering (lower bound, wrong results)".into(),
             Order::NormApart => "barrier, an RMSNorm dispatch before each link (per link and norm)".into(),
             Order::NormFolded => "barrier, the RMSNorm folded into each link".into(),
-            Order::Persist { early, load } => format!(
-                "one dispatch, grid barrier per link polled by {}, next weights {} the wait",
+            Order::Persist { early, load, groups } => format!(
+                "one dispatch, grid barrier per link polled by {}, next weights {} the wait{}",
                 if load { "atomic loads" } else { "atomic adds" },
-                if early { "before" } else { "after" }
+                if early { "before" } else { "after" },
+                if groups == PERSIST_GROUPS { String::new() } else { format!(", at most {groups} workgroups") }
             ),
             Order::Auto { own_weights } => format!(
                 "vulkano's derived barriers, {}",
@@ -120,7 +122,7 @@ impl Order {
             Order::Barrier | Order::Free | Order::NormApart | Order::Auto { .. } => 0,
             Order::Count { early, .. } => MODE_WAIT | if early { MODE_EARLY } else { 0 },
             Order::NormFolded => MODE_NORM,
-            Order::Persist { early, load } => {
+            Order::Persist { early, load, .. } => {
                 MODE_PERSIST | if early { MODE_EARLY } else { 0 } | if load { MODE_POLL_LOAD } else { 0 }
             }
         }
@@ -288,9 +290,9 @@ impl Chain {
                 &[],
             );
             for k in 0..reps {
-                if let Order::Persist { .. } = order {
+                if let Order::Persist { groups: most, .. } = order {
                     // Links alternate between io regions 0 and 1, as the dispatched ones do.
-                    let wgs = groups.min(PERSIST_GROUPS as u32);
+                    let wgs = groups.min(most as u32);
                     let p = Params {
                         rows: rows as u32,
                         in_off: 0,
@@ -449,10 +451,11 @@ pub fn chain(index: usize) {
         Order::Free,
         Order::NormApart,
         Order::NormFolded,
-        Order::Persist { early: false, load: false },
-        Order::Persist { early: true, load: false },
-        Order::Persist { early: false, load: true },
-        Order::Persist { early: true, load: true },
+        Order::Persist { early: false, load: false, groups: PERSIST_GROUPS },
+        Order::Persist { early: true, load: false, groups: PERSIST_GROUPS },
+        Order::Persist { early: false, load: true, groups: PERSIST_GROUPS },
+        Order::Persist { early: true, load: true, groups: PERSIST_GROUPS },
+        Order::Persist { early: true, load: false, groups: 2 * PERSIST_GROUPS },
         Order::Auto { own_weights: false },
         Order::Auto { own_weights: true },
     ];
