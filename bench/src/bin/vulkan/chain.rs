@@ -107,7 +107,11 @@ impl Order {
                 "one dispatch, grid barrier per link polled by {}, next weights {} the wait{}",
                 if load { "atomic loads" } else { "atomic adds" },
                 if early { "before" } else { "after" },
-                if groups == PERSIST_GROUPS { String::new() } else { format!(", at most {groups} workgroups") }
+                if groups == PERSIST_GROUPS {
+                    String::new()
+                } else {
+                    format!(", at most {groups} workgroups")
+                }
             ),
             Order::Auto { own_weights } => format!(
                 "vulkano's derived barriers, {}",
