@@ -15,7 +15,10 @@
 //! host-routed one. Where one tier buffer holds the layer's experts (the tier's home
 //! slots give a layer whole buffers), the down projection adds the combine to the
 //! residual itself ([`super::record::FLAG_COMBINE`]: the same bytes, one dependent
-//! dispatch fewer per layer).
+//! dispatch fewer per layer), and the gate/up is a direct dispatch over the table's k
+//! entries: a step the host keeps has all k experts in that buffer, so the indirect size
+//! would be k anyway, and the device need not wait for the ranking's write of it (on an
+//! H100 the gate/up took 25.1 µs in situ dispatched indirectly, 22.1 directly).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -251,26 +254,25 @@ impl VulkanBackend {
             );
             let at = 2 * b as u64;
             let rec = self.rec()?;
-            rec.matmul_indirect(
-                Projection::GateUp,
-                layout.gate.dtype,
-                gu,
-                g,
-                sizes.clone().slice(at..at + 1),
-            )?;
             match &fused {
                 Some(kd) => {
+                    // Entries of experts a void step lacks have no pairs: no work.
+                    rec.matmul(
+                        Projection::GateUp,
+                        layout.gate.dtype,
+                        false,
+                        gu,
+                        MatmulArgs { groups: k as u32, ..g },
+                    )?;
                     let flags = d.flags | FLAG_COMBINE;
                     let (out_off, wt_off) = (a.at(Plane::X), (fast_off + k) as u32);
                     rec.down_combine(kd, down, MatmulArgs { flags, out_off, wt_off, ..d })?
                 }
-                None => rec.matmul_indirect(
-                    Projection::Down,
-                    layout.down.dtype,
-                    down,
-                    d,
-                    sizes.clone().slice(at + 1..at + 2),
-                )?,
+                None => {
+                    let sizes = |i: u64| sizes.clone().slice(at + i..at + i + 1);
+                    rec.matmul_indirect(Projection::GateUp, layout.gate.dtype, gu, g, sizes(0))?;
+                    rec.matmul_indirect(Projection::Down, layout.down.dtype, down, d, sizes(1))?;
+                }
             }
         }
         if fused.is_none() {
