@@ -23,7 +23,7 @@ use super::experts::{ExpertPath, ExpertState};
 use super::kv::{KvLayer, VulkanKvCache};
 use super::pipelines::{Kernels, MatmulTuning};
 use super::record::{set0, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
-use super::replay::{Emit, Replays};
+use super::replay::{Emit, Replays, Shape};
 use super::timing::{lock, DeviceTimer, SharedTimer};
 use super::vram::VramTier;
 use super::weights::{device_embeds, DeviceModel};
@@ -184,7 +184,7 @@ impl VulkanBackend {
             rec.discard = self.replays.replaying();
             rec.timer = self.timer.clone();
             if let (Some(t), Some((regime, phase))) = (&self.timer, self.phase_due.take()) {
-                lock(t).enter(regime, phase, &mut rec.cb)?;
+                lock(t).enter(regime, phase, rec.stampable())?;
             }
             self.rec = Some(rec);
         }
@@ -202,28 +202,26 @@ impl VulkanBackend {
         if let Some(t) = &self.timer {
             lock(t).end(&mut rec.cb)?;
         }
-        let cb = match self.replays.take_replay() {
+        let replay = self.replays.take_replay();
+        if let (Some(timer), Some((_, Some(stamps)))) = (&self.timer, &replay) {
+            lock(timer).replayed(stamps);
+        }
+        let cb = match replay {
             // A kept decode buffer with nothing before it: submitted as it is.
-            Some((kept, stamps)) if wait && self.pending.is_none() && self.transfer.is_none() => {
+            Some((kept, _)) if wait && self.pending.is_none() && self.transfer.is_none() => {
                 let t = Instant::now();
                 self.replays.run(&self.ctx, kept)?;
                 if let Some(v) = self.ex.vram.as_mut() {
                     v.settle();
                 }
-                if let (Some(timer), Some(stamps)) = (&self.timer, &stamps) {
+                if let Some(timer) = &self.timer {
                     let mut timer = lock(timer);
-                    timer.replayed(stamps);
                     timer.waited(t.elapsed());
                     timer.collect()?;
                 }
                 return Ok(());
             }
-            Some((kept, stamps)) => {
-                if let (Some(timer), Some(stamps)) = (&self.timer, &stamps) {
-                    lock(timer).replayed(stamps);
-                }
-                kept
-            }
+            Some((kept, _)) => kept,
             None => {
                 let cb = rec.cb.build().map_err(verr("finishing a command buffer"))?;
                 let timer = self.timer.clone();
@@ -271,7 +269,7 @@ impl VulkanBackend {
     pub(super) fn mark(&mut self, regime: Regime, phase: Phase) -> Result<(), VulkanError> {
         if let Some(t) = self.timer.clone() {
             match self.rec.as_mut() {
-                Some(rec) => lock(&t).enter(regime, phase, &mut rec.cb)?,
+                Some(rec) => lock(&t).enter(regime, phase, rec.stampable())?,
                 None => self.phase_due = Some((regime, phase)),
             }
         }
@@ -684,10 +682,8 @@ impl Backend for VulkanBackend {
             (true, false) => Emit::Logits,
             (true, true) => Emit::Greedy,
         };
-        self.replays.begin(kv, device_bets.filter(|_| replayable).map(|bets| (bets, emit, timed.is_some())));
-        if let Some(t) = &self.timer {
-            lock(t).set_replaying(self.replays.replaying());
-        }
+        let shape = |bets| Shape { bets, emit, timed: timed.is_some() };
+        self.replays.begin(kv, device_bets.filter(|_| replayable).map(shape));
         // The block's position is data, not a push constant, so a kept recording serves
         // every position: the host writes it, the recording copies it to the arena's
         // position word, which the RoPE and attention kernels read.

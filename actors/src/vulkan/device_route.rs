@@ -252,7 +252,6 @@ impl VulkanBackend {
                 MatmulArgs { map_off: fast_off as u32, tab_off, ..g0 },
                 MatmulArgs { map_off: fast_off as u32, tab_off, ..d0 },
             );
-            let at = 2 * b as u64;
             let rec = self.rec()?;
             match &fused {
                 Some(kd) => {
@@ -269,6 +268,7 @@ impl VulkanBackend {
                     rec.down_combine(kd, down, MatmulArgs { flags, out_off, wt_off, ..d })?
                 }
                 None => {
+                    let at = 2 * b as u64;
                     let sizes = |i: u64| sizes.clone().slice(at + i..at + i + 1);
                     rec.matmul_indirect(Projection::GateUp, layout.gate.dtype, gu, g, sizes(0))?;
                     rec.matmul_indirect(Projection::Down, layout.down.dtype, down, d, sizes(1))?;

@@ -250,6 +250,11 @@ impl Recorder {
         Ok(Recorder { cb, kernels, act_set, discard: false, timer: None })
     }
 
+    /// The command buffer a timestamp goes into: none while the commands are discarded.
+    pub fn stampable(&mut self) -> Option<&mut AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>> {
+        (!self.discard).then_some(&mut self.cb)
+    }
+
     /// Records one dispatch of `kernel`.
     pub fn dispatch<const N: usize>(
         &mut self,

@@ -44,10 +44,16 @@ pub enum Emit {
     Greedy,
 }
 
-/// What a replayable pass's commands depend on besides its cache: the bets each
-/// device-routed step ranks beyond top-k, what it hands back, and whether it writes the
-/// phase profile's timestamps.
-pub type Shape = (usize, Emit, bool);
+/// What a replayable pass's commands depend on besides its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// The bets each device-routed step ranks beyond top-k.
+    pub bets: usize,
+    /// What the pass hands back.
+    pub emit: Emit,
+    /// Whether it writes the phase profile's timestamps.
+    pub timed: bool,
+}
 
 /// A command buffer to submit again, and the timestamps it writes (with the profile).
 pub type KeptBuffer = (Arc<PrimaryAutoCommandBuffer>, Option<KeptStamps>);
@@ -86,7 +92,7 @@ impl Default for Replays {
 
 impl Replays {
     /// Starts a pass on `kv`'s session: a replayable one (a device-routed one-token
-    /// pass with nothing else, such as profiling, in its recording) of `shape`, or not.
+    /// pass) of `shape`, or not.
     pub fn begin(&mut self, kv: &VulkanKvCache, shape: Option<Shape>) {
         self.mode = match shape {
             None => Mode::Record,
@@ -143,7 +149,7 @@ impl Replays {
     /// Drops the kept buffers that write timestamps (the profile's query pool they
     /// write is being replaced).
     pub fn forget_timed(&mut self) {
-        self.kept.retain(|k| !k.shape.2);
+        self.kept.retain(|k| !k.shape.timed);
     }
 
     /// Runs the kept buffer `cb` and waits for it, with nothing submitted before it

@@ -72,9 +72,6 @@ pub struct DeviceTimer {
     acc: PhaseProfile,
     /// Kernel names seen, indexed by [`Mark::Kernel`].
     names: Vec<String>,
-    /// The pass in progress replays a kept recording: its own commands are discarded,
-    /// so nothing is stamped into them (the kept recording's stamps count instead).
-    replaying: bool,
 }
 
 impl DeviceTimer {
@@ -108,7 +105,6 @@ impl DeviceTimer {
             last_end: None,
             acc: PhaseProfile::default(),
             names: Vec::new(),
-            replaying: false,
         }))))
     }
 
@@ -120,7 +116,7 @@ impl DeviceTimer {
         transfer: bool,
     ) -> Result<(), VulkanError> {
         let reserve = if matches!(mark, Mark::End(_)) { 0 } else { 2 };
-        if self.replaying || self.next + reserve >= QUERIES {
+        if self.next + reserve >= QUERIES {
             return Ok(());
         }
         let q = self.next;
@@ -134,18 +130,22 @@ impl DeviceTimer {
     }
 
     /// Enters `phase` of a block in `regime`, marking its start in the compute recording
-    /// `cb` when it changes or `cb` has no mark yet.
+    /// `cb` when it changes or `cb` has no mark yet. Without `cb` (a pass that replays a
+    /// kept recording, whose own commands are discarded) only the phase changes.
     pub fn enter(
         &mut self,
         regime: Regime,
         phase: Phase,
-        cb: &mut AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>,
+        cb: Option<&mut AutoCommandBufferBuilder<PrimaryAutoCommandBuffer>>,
     ) -> Result<(), VulkanError> {
         if self.current == Some((regime, phase)) && !self.open.is_empty() {
             return Ok(());
         }
         self.current = Some((regime, phase));
-        self.stamp(cb, Mark::Phase(regime, phase), false)
+        match cb {
+            Some(cb) => self.stamp(cb, Mark::Phase(regime, phase), false),
+            None => Ok(()),
+        }
     }
 
     /// Marks the end of a dispatch (or copy) of kernel `name` in the compute recording `cb`.
@@ -213,7 +213,6 @@ impl DeviceTimer {
     pub fn discard(&mut self) {
         self.open.clear();
         self.open_transfer.clear();
-        self.replaying = false;
     }
 
     /// Whether a pass starting now may capture or replay a timed recording: every
@@ -221,11 +220,6 @@ impl DeviceTimer {
     /// recorded, so its queries are the same ones at every replay.
     pub fn idle(&self) -> bool {
         self.next == 0 && self.open.is_empty() && self.open_transfer.is_empty()
-    }
-
-    /// Whether the pass in progress replays a kept recording (nothing stamped meanwhile).
-    pub fn set_replaying(&mut self, on: bool) {
-        self.replaying = on;
     }
 
     /// The stamps of the compute recording just ended ([`DeviceTimer::end`]), to keep
@@ -237,7 +231,6 @@ impl DeviceTimer {
     /// A kept recording with `stamps` was submitted again: its timestamps are read back
     /// at the next host wait, as a recording's are, and the block counts as replayed.
     pub fn replayed(&mut self, stamps: &KeptStamps) {
-        self.replaying = false;
         let Some(&(_, first)) = stamps.0.first() else { return };
         let regime = match first {
             Mark::Phase(r, _) | Mark::End(r) | Mark::Kernel(r, _) => r,

@@ -160,6 +160,22 @@ struct Params {
     mode: u32,
 }
 
+/// The push constants of link `i` of chain `k` (of links over `rows` rows), reading its
+/// input at io offset `in_off` and ordered as `order` says.
+fn link(rows: usize, k: usize, i: usize, in_off: u32, order: Order) -> Params {
+    let sig = (k * LINKS + i + 1) as u32;
+    Params {
+        rows: rows as u32,
+        w_off4: (i * rows * COLS / 4) as u32,
+        in_off,
+        out_off: (((i + 1) % 2) * REGION) as u32,
+        wait_idx: sig - 1,
+        wait_for: if sig == 1 { 0 } else { rows.div_ceil(4) as u32 },
+        sig_idx: sig,
+        mode: order.mode(),
+    }
+}
+
 /// A chain's pipeline and buffers: the links' weights, their inputs and outputs (`io`),
 /// and one completion count per link of the longest buffer recorded.
 struct Chain {
@@ -316,7 +332,6 @@ impl Chain {
                     continue;
                 }
                 for i in 0..LINKS {
-                    let sig = (k * LINKS + i + 1) as u32;
                     let mut in_off = ((i % 2) * REGION) as u32;
                     if order == Order::NormApart {
                         let norm = Params {
@@ -333,17 +348,7 @@ impl Chain {
                         ));
                         in_off = (2 * REGION) as u32;
                     }
-                    let p = Params {
-                        rows: rows as u32,
-                        w_off4: (i * rows * COLS / 4) as u32,
-                        in_off,
-                        out_off: (((i + 1) % 2) * REGION) as u32,
-                        wait_idx: sig - 1,
-                        wait_for: if sig == 1 { 0 } else { groups },
-                        sig_idx: sig,
-                        mode: order.mode(),
-                    };
-                    cb.push_constants_unchecked(layout, 0, &p);
+                    cb.push_constants_unchecked(layout, 0, &link(rows, k, i, in_off, order));
                     cb.dispatch_unchecked([groups, 1, 1]);
                     if order.barrier_after(k * LINKS + i) {
                         cb.pipeline_barrier_unchecked(&barrier(
@@ -369,25 +374,17 @@ impl Chain {
         .expect("builder");
         let layout = self.pipeline.layout().clone();
         let groups = rows.div_ceil(4) as u32;
+        let order = Order::Auto { own_weights };
         b.fill_buffer(self.counts.clone(), 0).expect("fill");
         b.bind_pipeline_compute(self.pipeline.clone()).expect("bind pipeline");
         for k in 0..reps {
             for i in 0..LINKS {
-                let sig = (k * LINKS + i + 1) as u32;
-                let (set, w_off4) = if own_weights {
-                    (self.link_sets[i].clone(), 0)
+                let p = link(rows, k, i, ((i % 2) * REGION) as u32, order);
+                // Each link's own matrix is bound at its start.
+                let (set, p) = if own_weights {
+                    (self.link_sets[i].clone(), Params { w_off4: 0, ..p })
                 } else {
-                    (self.set.clone(), (i * rows * COLS / 4) as u32)
-                };
-                let p = Params {
-                    rows: rows as u32,
-                    w_off4,
-                    in_off: ((i % 2) * REGION) as u32,
-                    out_off: (((i + 1) % 2) * REGION) as u32,
-                    wait_idx: sig - 1,
-                    wait_for: 0,
-                    sig_idx: sig,
-                    mode: 0,
+                    (self.set.clone(), p)
                 };
                 b.bind_descriptor_sets(PipelineBindPoint::Compute, layout.clone(), 0, set).expect("bind set");
                 b.push_constants(layout.clone(), 0, p).expect("push");
