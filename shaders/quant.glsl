@@ -72,9 +72,16 @@ uint word16_pick(uint lo, uint hi, uint o) {
 // block_q6_K: ql[128], qh[64], scales[16] (i8), d (f16). Half n = i / 128 of the block
 // has four 32-element groups k; element l of group k is the low (k < 2) or high nibble
 // of ql[64n + 32(k & 1) + l] with bits 2k, 2k + 1 of qh[32n + l] above it, minus 32;
-// its scale is scales[8n + 2k + l / 16]; y = (d * sc) * (q - 32).
+// its scale is scales[8n + 2k + l / 16]; y = (d * sc) * (q - 32). With Q6_PADDED
+// (`matvec_q6_k_padded`) every block is followed by 14 zero bytes: 224-byte blocks, which
+// start on 16-byte boundaries, so slice_dot.glsl reads them by whole vectors
+// (actors/src/vulkan/buffers.rs, `Q6K_PADDED_BLOCK`).
 #define QK 256u
+#ifdef Q6_PADDED
+#define QB 224u
+#else
 #define QB 210u
+#endif
 #define BIAS 32
 #define SUB_SCALE
 #define LOAD_BODY(B)                                                                      \

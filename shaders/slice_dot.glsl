@@ -189,6 +189,18 @@ void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
     uint h = (s % 4u) / 2u;                                                               \
     uint gp = s % 2u;                                                                     \
     uint e0 = (s / 8u) * QK + 128u * hn + 32u * gp + 16u * h;
+#ifdef Q6_PADDED
+// 224-byte blocks (quant.glsl): the ql and qh bytes and the scales are whole 16-byte
+// vectors, the two halves' scales one vector (this half's in .xy or .zw).
+#define SLICE_LOAD_M(B, B4, base, row, a)                                                 \
+    {                                                                                     \
+        uint blk = (base) + (row) + boff;                                               \
+        sq[a][0] = LD16(B, B4, blk + 64u * hn + 32u * gp + 16u * h, vec16);               \
+        sq[a][1] = LD16(B, B4, blk + 128u + 32u * hn + 16u * h, vec16);                   \
+        uvec4 sc16 = LD16(B, B4, blk + 192u, vec16);                                      \
+        sf[a] = q6_scales(B[(blk + 208u) >> 2] & 0xFFFFu, hn == 0u ? sc16.xy : sc16.zw, 2u * gp + h); \
+    }
+#else
 #define SLICE_LOAD_M(B, B4, base, row, a)                                                 \
     {                                                                                     \
         uint blk = (base) + (row) + boff;                                               \
@@ -196,6 +208,7 @@ void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
         sq[a][1] = LD16E(B, blk + 128u + 32u * hn + 16u * h);                             \
         sf[a] = q6_scales(LD2E(B, blk + 208u), LD8E(B, blk + 192u + 8u * hn), 2u * gp + h); \
     }
+#endif
 #define GROUP_E(g) (64u * (g))
 #define GROUP_QUANTS(a, g, qf) q6_quants(sq[a][0], sq[a][1], gp + 2u * (g), qf)
 #define GROUP_TERM(a, g) sf[a][g] * sdot

@@ -1093,3 +1093,36 @@ fn device_ranking_is_the_hosts() {
         }
     }
 }
+
+/// A Q6_K LM head uploaded in the padded block layout (224-byte blocks, read by whole
+/// vectors: `matvec_q6_k_padded`) gives the m=1 product the same bytes as the matrix as
+/// stored, through the narrow kernel and the wide one (from `WIDE_ROWS` rows), for rows
+/// of an odd number of blocks (whose stored blocks start on odd half-words) and of many.
+#[test]
+fn padded_q6k_matvec_is_byte_identical_to_stored() {
+    let Some(ctx) = vulkan::context() else { return };
+    let h = KernelHarness::new(ctx, 1 << 16, 16).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(38);
+    for (rows, cols) in [(19, 256), (65, 1280), (33, 2048), (WIDE_ROWS as usize + 5, 256)] {
+        let m = Mat::random(&mut rng, DType::Q6K, rows, cols);
+        let stored = h.weight(&m.view(), false).unwrap();
+        let padded = h.padded_weight(&m.view()).unwrap();
+        h.write_act(0, &rand_vec(&mut rng, cols)).unwrap();
+        let a = MatmulArgs {
+            x_stride: cols as u32,
+            out_off: cols as u32,
+            out_stride: rows as u32,
+            m: 1,
+            ..Default::default()
+        };
+        let run = |w| {
+            h.write_act(cols, &vec![f32::NAN; rows]).unwrap();
+            h.matmul(w, a, false, 1).unwrap();
+            h.read_act(cols, rows).unwrap()
+        };
+        let (want, got) = (run(&stored), run(&padded));
+        assert!(want.iter().all(|v| v.is_finite()), "{rows} x {cols}: stored product not finite");
+        assert_eq!(bits(&got), bits(&want), "{rows} x {cols}: padded Q6_K matvec");
+        assert!(h.matmul(&padded, a, true, 1).is_err(), "a batched product of a padded matrix is refused");
+    }
+}

@@ -37,6 +37,8 @@ pub struct TestWeight {
     pub rows: usize,
     /// Columns.
     pub cols: usize,
+    /// In the padded Q6_K layout ([`KernelHarness::padded_weight`]).
+    padded: bool,
     bytes: Subbuffer<[u8]>,
     set: Arc<DescriptorSet>,
 }
@@ -121,14 +123,27 @@ impl KernelHarness {
             b.write().map_err(verr("writing weights"))?[..bytes.len()].copy_from_slice(bytes);
             b
         } else {
-            let d = DeviceWeight::upload(&self.ctx, w)?;
-            if d.ranges.len() != 1 {
-                return Err(VulkanError::Unsupported("test weight larger than one binding".into()));
-            }
-            d.ranges[0].bytes.clone()
+            self.device_weight(w, false)?
         };
         let set = set0(&self.ctx, &self.kernels.typed(dtype)?.matvec, std::slice::from_ref(&buf))?;
-        Ok(TestWeight { dtype, rows: w.rows, cols: w.cols, bytes: buf, set })
+        Ok(TestWeight { dtype, rows: w.rows, cols: w.cols, padded: false, bytes: buf, set })
+    }
+
+    /// Uploads `w` (Q6_K) to device-local memory in the padded block layout an LM head
+    /// gets ([`super::buffers::Q6K_PADDED_BLOCK`]); only its m=1 products run.
+    pub fn padded_weight(&self, w: &WeightView<'_>) -> Result<TestWeight, VulkanError> {
+        let buf = self.device_weight(w, true)?;
+        let set = set0(&self.ctx, &self.kernels.typed(w.dtype())?.matvec, std::slice::from_ref(&buf))?;
+        Ok(TestWeight { dtype: w.dtype(), rows: w.rows, cols: w.cols, padded: true, bytes: buf, set })
+    }
+
+    /// `w` in device-local memory as one bound range.
+    fn device_weight(&self, w: &WeightView<'_>, padded: bool) -> Result<Subbuffer<[u8]>, VulkanError> {
+        let d = DeviceWeight::upload(&self.ctx, w, padded)?;
+        if d.ranges.len() != 1 {
+            return Err(VulkanError::Unsupported("test weight larger than one binding".into()));
+        }
+        Ok(d.ranges[0].bytes.clone())
     }
 
     /// Expert blobs (`bytes`, laid out as a vault's blobs follow each other in a ring)
@@ -255,6 +270,12 @@ impl KernelHarness {
         reps: usize,
     ) -> Result<Duration, VulkanError> {
         let a = MatmulArgs { rows: w.rows as u32, cols: w.cols as u32, ..a };
+        if w.padded {
+            if batched {
+                return Err(VulkanError::Unsupported("a batched product of a padded matrix".into()));
+            }
+            return self.run(|r| r.matvec_padded(w.dtype, w.set.clone(), a), reps);
+        }
         self.run(|r| r.matmul(Projection::Dense, w.dtype, batched, w.set.clone(), a), reps)
     }
 

@@ -197,6 +197,9 @@ pub struct TypedKernels {
     /// The embedding lookup, for the types the host does not widen (every type but f32
     /// and bf16): rows widened or dequantised on the device.
     pub embed: Option<Kernel>,
+    /// Q6_K only: `matvec` and `matvec_wide` for matrices in the padded block layout
+    /// (`matvec_q6_k_padded`, [`super::buffers::Q6K_PADDED_BLOCK`]).
+    pub padded: Option<[Kernel; 2]>,
 }
 
 /// Every pipeline of the backend.
@@ -395,6 +398,13 @@ impl Kernels {
             embed: match dtype {
                 DType::F32 | DType::Bf16 => None,
                 _ => Some(kernel(&self.device, &self.act_layout, &format!("embed_{ty}"), None)?),
+            },
+            padded: match dtype {
+                DType::Q6K => Some([
+                    build(format!("matvec_{ty}_padded"), t.rows_m1, t.unroll_dense, M1_WG)?,
+                    build(format!("matvec_{ty}_padded"), t.rows_wide, t.unroll, M1_WG)?,
+                ]),
+                _ => None,
             },
         };
         // Another thread may have built them meanwhile; either copy is the same.

@@ -350,6 +350,22 @@ impl Recorder {
         self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
     }
 
+    /// An m=1 dense product of a `dtype` matrix in its padded block layout (bound in
+    /// `set`; [`super::buffers::Q6K_PADDED_BLOCK`]): the bytes [`Self::matmul`] gives for
+    /// the matrix as stored.
+    pub fn matvec_padded(
+        &mut self,
+        dtype: DType,
+        set: Arc<DescriptorSet>,
+        a: MatmulArgs,
+    ) -> Result<(), VulkanError> {
+        let Some([narrow, wide]) = &self.kernels.typed(dtype)?.padded else {
+            return Err(VulkanError::Unsupported(format!("a padded layout of {dtype} weights")));
+        };
+        let k = if a.rows >= WIDE_ROWS { wide } else { narrow }.clone();
+        self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
+    }
+
     /// The down projection of a decode step's experts combined into the residual in one
     /// dispatch: `kernel` is [`super::pipelines::Kernels::down_combine`]'s for the
     /// experts' `k` and weight type, `a` carries [`FLAG_COMBINE`] and [`FLAG_TABLE`].

@@ -71,7 +71,7 @@ impl Stack {
         }
         let buf = device_buffer::<u8>(ctx, (total + 4).next_multiple_of(16), BufferUsage::STORAGE_BUFFER)?;
         let rows: usize = views.iter().map(|v| v.rows).sum();
-        let w = DeviceWeight::from_buffer(ctx, dtype, rows, cols, buf.clone())?;
+        let w = DeviceWeight::from_buffer(ctx, dtype, rows, cols, buf.clone(), false)?;
         if w.ranges.len() != 1 {
             return Ok(None);
         }
@@ -84,7 +84,7 @@ impl Stack {
             .iter()
             .zip(offsets.iter().zip(ends))
             .map(|(v, (&a, b))| {
-                bind(DeviceWeight::from_buffer(ctx, dtype, v.rows, cols, buf.clone().slice(a..b))?)
+                bind(DeviceWeight::from_buffer(ctx, dtype, v.rows, cols, buf.clone().slice(a..b), false)?)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let splits = views.iter().scan(0, |row, v| {
@@ -134,7 +134,13 @@ impl DeviceModel {
         let embed = device_embeds(model.w(&model.embed).dtype()).then_some(&model.embed);
         for r in model.matrices().chain(embed) {
             let Entry::Vacant(slot) = mats.entry(r.key()) else { continue };
-            slot.insert(BoundWeight::bind(ctx, kernels, DeviceWeight::upload(ctx, &model.w(r))?)?);
+            // A Q6_K LM head (a Q4_K_M or Q5_K_M file's) is only ever multiplied one row
+            // at a time: its blocks are padded for the m=1 kernel's vector loads, unless
+            // it is also the embedding table, which the lookup reads as stored.
+            let w = model.w(r);
+            let padded =
+                r.key() == model.lm_head.key() && w.dtype() == DType::Q6K && r.key() != model.embed.key();
+            slot.insert(BoundWeight::bind(ctx, kernels, DeviceWeight::upload(ctx, &w, padded)?)?);
         }
         let mut vecs = HashMap::new();
         for r in model.vectors() {
@@ -232,12 +238,22 @@ impl BoundWeight {
     /// Records this matrix's product over every bound row range (`a.rows`, `a.cols` and
     /// the output offset are set per range).
     pub fn record(&self, rec: &mut Recorder, mut a: MatmulArgs, batched: bool) -> Result<(), VulkanError> {
+        if self.w.padded && batched {
+            return Err(VulkanError::Unsupported(format!(
+                "a batched product of a {} matrix in the padded layout (only LM heads are padded)",
+                self.w.dtype
+            )));
+        }
         let base = a.out_off;
         for (rg, set) in self.w.ranges.iter().zip(&self.sets) {
             a.rows = rg.rows as u32;
             a.cols = self.w.cols as u32;
             a.out_off = base + rg.row0 as u32;
-            rec.matmul(Projection::Dense, self.w.dtype, batched, set.clone(), a)?;
+            if self.w.padded {
+                rec.matvec_padded(self.w.dtype, set.clone(), a)?;
+            } else {
+                rec.matmul(Projection::Dense, self.w.dtype, batched, set.clone(), a)?;
+            }
         }
         Ok(())
     }
