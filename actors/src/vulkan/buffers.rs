@@ -167,7 +167,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 pub const Q6K_PADDED_BLOCK: usize = 224;
 
 /// The bytes of `w` (Q6_K) with every block padded to [`Q6K_PADDED_BLOCK`] bytes.
-pub fn pad_q6k(w: &WeightView<'_>) -> Vec<u8> {
+fn pad_q6k(w: &WeightView<'_>) -> Vec<u8> {
     let block = DType::Q6K.row_bytes(DType::Q6K.block_elems()).expect("one block");
     let mut out = Vec::with_capacity(w.bytes().len() / block * Q6K_PADDED_BLOCK);
     for b in w.bytes().chunks_exact(block) {
