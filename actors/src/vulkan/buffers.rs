@@ -79,18 +79,31 @@ pub fn upload_buffer<T: BufferContents>(
 /// Copies `bytes` into the start of `dst` through a staging buffer (start-up only: it
 /// waits for the copy).
 pub fn upload(ctx: &VulkanContext, dst: &Subbuffer<[u8]>, bytes: &[u8]) -> Result<(), VulkanError> {
+    upload_with(ctx, dst, bytes.len(), |off, stage| stage.copy_from_slice(&bytes[off..off + stage.len()]))
+}
+
+/// [`upload`] of `len` bytes that `fill(offset, part)` writes straight into each staging
+/// part (bytes `offset .. offset + part.len()` of the upload), so a layout the device
+/// reads differently from the host's is never built whole in host memory.
+fn upload_with(
+    ctx: &VulkanContext,
+    dst: &Subbuffer<[u8]>,
+    len: usize,
+    mut fill: impl FnMut(usize, &mut [u8]),
+) -> Result<(), VulkanError> {
     const STAGE: usize = 64 << 20;
-    for (i, part) in bytes.chunks(STAGE).enumerate() {
-        let stage = host_buffer::<u8>(ctx, part.len() as u64, BufferUsage::TRANSFER_SRC)?;
-        stage.write().map_err(verr("mapping a staging buffer"))?.copy_from_slice(part);
-        let off = (i * STAGE) as u64;
+    for off in (0..len).step_by(STAGE) {
+        let n = STAGE.min(len - off);
+        let stage = host_buffer::<u8>(ctx, n as u64, BufferUsage::TRANSFER_SRC)?;
+        fill(off, &mut stage.write().map_err(verr("mapping a staging buffer"))?);
+        let (off, part) = (off as u64, n as u64);
         let mut cb = AutoCommandBufferBuilder::primary(
             ctx.commands.clone(),
             ctx.compute.queue_family_index(),
             CommandBufferUsage::OneTimeSubmit,
         )
         .map_err(verr("recording an upload"))?;
-        cb.copy_buffer(CopyBufferInfo::buffers(stage, dst.clone().slice(off..off + part.len() as u64)))
+        cb.copy_buffer(CopyBufferInfo::buffers(stage, dst.clone().slice(off..off + part)))
             .map_err(verr("recording an upload"))?;
         let cb = cb.build().map_err(verr("recording an upload"))?;
         vulkano::sync::now(ctx.device.clone())
@@ -166,15 +179,22 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// instead of 124 with such loads). The same weights, so the same bytes of every product.
 pub const Q6K_PADDED_BLOCK: usize = 224;
 
-/// The bytes of `w` (Q6_K) with every block padded to [`Q6K_PADDED_BLOCK`] bytes.
-fn pad_q6k(w: &WeightView<'_>) -> Vec<u8> {
+/// Bytes `off .. off + out.len()` of Q6_K blocks `src` with every block padded to
+/// [`Q6K_PADDED_BLOCK`] bytes, into `out`.
+fn pad_q6k(src: &[u8], off: usize, out: &mut [u8]) {
     let block = DType::Q6K.row_bytes(DType::Q6K.block_elems()).expect("one block");
-    let mut out = Vec::with_capacity(w.bytes().len() / block * Q6K_PADDED_BLOCK);
-    for b in w.bytes().chunks_exact(block) {
-        out.extend_from_slice(b);
-        out.resize(out.len() + Q6K_PADDED_BLOCK - block, 0);
+    let mut p = 0;
+    while p < out.len() {
+        let (b, within) = ((off + p) / Q6K_PADDED_BLOCK, (off + p) % Q6K_PADDED_BLOCK);
+        let n = (Q6K_PADDED_BLOCK - within).min(out.len() - p);
+        let data = block.saturating_sub(within).min(n);
+        if data > 0 {
+            let at = b * block + within;
+            out[p..p + data].copy_from_slice(&src[at..at + data]);
+        }
+        out[p + data..p + n].fill(0);
+        p += n;
     }
-    out
 }
 
 impl DeviceWeight {
@@ -188,15 +208,18 @@ impl DeviceWeight {
         if padded && dtype != DType::Q6K {
             return Err(VulkanError::Unsupported(format!("a padded layout of {dtype} weights")));
         }
-        let owned = padded.then(|| pad_q6k(w));
-        let bytes = owned.as_deref().unwrap_or(w.bytes());
+        let bytes = w.bytes();
+        let len = match padded {
+            true => bytes.len() / dtype.row_bytes(dtype.block_elems()).expect("one block") * Q6K_PADDED_BLOCK,
+            false => bytes.len(),
+        };
         // Padded so that every bound range can be a whole number of 32-bit words.
-        let buf = device_buffer::<u8>(
-            ctx,
-            (bytes.len() as u64 + 4).next_multiple_of(16),
-            BufferUsage::STORAGE_BUFFER,
-        )?;
-        upload(ctx, &buf, bytes)?;
+        let buf =
+            device_buffer::<u8>(ctx, (len as u64 + 4).next_multiple_of(16), BufferUsage::STORAGE_BUFFER)?;
+        match padded {
+            true => upload_with(ctx, &buf, len, |off, part| pad_q6k(bytes, off, part))?,
+            false => upload(ctx, &buf, bytes)?,
+        }
         DeviceWeight::from_buffer(ctx, dtype, w.rows, w.cols, buf, padded)
     }
 
@@ -234,5 +257,35 @@ impl DeviceWeight {
             row0 += n;
         }
         Ok(DeviceWeight { dtype, padded, rows, cols, ranges })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pad_q6k, Q6K_PADDED_BLOCK};
+
+    /// Padding Q6_K blocks in staging parts of any size (parts that start and end inside
+    /// a block's bytes or its padding) gives the padded layout: each block's 210 bytes,
+    /// then zeros.
+    #[test]
+    fn q6k_padding_in_parts_is_each_block_then_zeros() {
+        let blocks = 5;
+        let src: Vec<u8> = (0..210 * blocks).map(|i| (i % 251) as u8 + 1).collect();
+        let len = blocks * Q6K_PADDED_BLOCK;
+        for part in [len, 1, 7, 100, 211, 224, 333] {
+            let mut out = vec![0xAA; len];
+            for off in (0..len).step_by(part) {
+                let n = part.min(len - off);
+                pad_q6k(&src, off, &mut out[off..off + n]);
+            }
+            for b in 0..blocks {
+                let at = b * Q6K_PADDED_BLOCK;
+                assert_eq!(out[at..at + 210], src[b * 210..b * 210 + 210], "part {part}, block {b}");
+                assert!(
+                    out[at + 210..at + Q6K_PADDED_BLOCK].iter().all(|&x| x == 0),
+                    "part {part}, block {b}"
+                );
+            }
+        }
     }
 }

@@ -270,13 +270,7 @@ impl KernelHarness {
         reps: usize,
     ) -> Result<Duration, VulkanError> {
         let a = MatmulArgs { rows: w.rows as u32, cols: w.cols as u32, ..a };
-        if w.padded {
-            if batched {
-                return Err(VulkanError::Unsupported("a batched product of a padded matrix".into()));
-            }
-            return self.run(|r| r.matvec_padded(w.dtype, w.set.clone(), a), reps);
-        }
-        self.run(|r| r.matmul(Projection::Dense, w.dtype, batched, w.set.clone(), a), reps)
+        self.run(|r| r.dense(w.dtype, w.padded, batched, w.set.clone(), a), reps)
     }
 
     /// The router's ranking (`shaders/route.comp`) of `m` rows of `ne` gate logits at

@@ -350,19 +350,31 @@ impl Recorder {
         self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
     }
 
-    /// An m=1 dense product of a `dtype` matrix in its padded block layout (bound in
-    /// `set`; [`super::buffers::Q6K_PADDED_BLOCK`]): the bytes [`Self::matmul`] gives for
-    /// the matrix as stored.
-    pub fn matvec_padded(
+    /// A dense product of a `dtype` matrix bound in `set`: [`Self::matmul`], or for a
+    /// matrix in its padded block layout (`padded`; [`super::buffers::Q6K_PADDED_BLOCK`])
+    /// the m=1 product by the padded kernel, the same bytes. Padded matrices have no
+    /// batched products.
+    pub fn dense(
         &mut self,
         dtype: DType,
+        padded: bool,
+        batched: bool,
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
     ) -> Result<(), VulkanError> {
-        let Some([narrow, wide]) = &self.kernels.typed(dtype)?.padded else {
-            return Err(VulkanError::Unsupported(format!("a padded layout of {dtype} weights")));
+        if !padded {
+            return self.matmul(Projection::Dense, dtype, batched, set, a);
+        }
+        let kernels = match (&self.kernels.typed(dtype)?.padded, batched) {
+            (Some(k), false) => k,
+            (Some(_), true) => {
+                return Err(VulkanError::Unsupported(format!(
+                    "a batched product of a {dtype} matrix in the padded layout (only LM heads are padded)"
+                )))
+            }
+            (None, _) => return Err(VulkanError::Unsupported(format!("a padded layout of {dtype} weights"))),
         };
-        let k = if a.rows >= WIDE_ROWS { wide } else { narrow }.clone();
+        let k = kernels[usize::from(a.rows >= WIDE_ROWS)].clone();
         self.dispatch_as(&k, Some(set), a.words(), a.groups(&k), || shape_label(&k, &a))
     }
 

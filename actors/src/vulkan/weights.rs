@@ -15,7 +15,7 @@ use vulkano::descriptor_set::DescriptorSet;
 use super::buffers::{device_buffer, upload, upload_f32, DeviceWeight};
 use super::context::VulkanContext;
 use super::pipelines::Kernels;
-use super::record::{set0, MatmulArgs, Projection, Recorder};
+use super::record::{set0, MatmulArgs, Recorder};
 use super::VulkanError;
 use crate::model::Model;
 use crate::vault::TensorRef;
@@ -238,22 +238,12 @@ impl BoundWeight {
     /// Records this matrix's product over every bound row range (`a.rows`, `a.cols` and
     /// the output offset are set per range).
     pub fn record(&self, rec: &mut Recorder, mut a: MatmulArgs, batched: bool) -> Result<(), VulkanError> {
-        if self.w.padded && batched {
-            return Err(VulkanError::Unsupported(format!(
-                "a batched product of a {} matrix in the padded layout (only LM heads are padded)",
-                self.w.dtype
-            )));
-        }
         let base = a.out_off;
         for (rg, set) in self.w.ranges.iter().zip(&self.sets) {
             a.rows = rg.rows as u32;
             a.cols = self.w.cols as u32;
             a.out_off = base + rg.row0 as u32;
-            if self.w.padded {
-                rec.matvec_padded(self.w.dtype, set.clone(), a)?;
-            } else {
-                rec.matmul(Projection::Dense, self.w.dtype, batched, set.clone(), a)?;
-            }
+            rec.dense(self.w.dtype, self.w.padded, batched, set.clone(), a)?;
         }
         Ok(())
     }
