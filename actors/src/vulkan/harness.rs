@@ -48,6 +48,12 @@ impl TestWeight {
     pub fn set(&self) -> Arc<DescriptorSet> {
         self.set.clone()
     }
+
+    /// Whether it is in the padded Q6_K layout ([`KernelHarness::padded_weight`]), which
+    /// [`Recorder::dense`] must be told.
+    pub fn padded(&self) -> bool {
+        self.padded
+    }
 }
 
 /// Runs kernels on an activation arena and routing buffer of its own.

@@ -49,17 +49,29 @@ pub fn upload(
     dtype: DType,
     host: bool,
 ) -> TestWeight {
+    let words = encoded(rows, cols, seed, dtype);
+    h.weight(&WeightView::from_bytes(dtype, bytemuck::cast_slice(&words), rows, cols), host).expect("upload")
+}
+
+/// [`upload`]'s Q6_K matrix in device-local memory in the padded block layout an LM head
+/// gets ([`KernelHarness::padded_weight`]).
+fn upload_padded(h: &KernelHarness, rows: usize, cols: usize, seed: u64) -> TestWeight {
+    let words = encoded(rows, cols, seed, DType::Q6K);
+    h.padded_weight(&WeightView::from_bytes(DType::Q6K, bytemuck::cast_slice(&words), rows, cols))
+        .expect("upload")
+}
+
+/// The bytes of [`upload`]'s matrix, as words (so that an f32 view is aligned).
+fn encoded(rows: usize, cols: usize, seed: u64, dtype: DType) -> Vec<u32> {
     let mut bytes = Vec::new();
     encode_rows(&fill(rows.min(TILE_ROWS) * cols, seed), cols, dtype, &mut bytes).expect("whole blocks");
     let len = dtype.matrix_bytes(rows, cols).expect("whole blocks") as usize;
-    // Words, so that an f32 view is aligned.
     let mut words = vec![0u32; len.div_ceil(4)];
     let all: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
     for dst in all[..len].chunks_mut(bytes.len()) {
         dst.copy_from_slice(&bytes[..dst.len()]);
     }
-    let view = WeightView::from_bytes(dtype, bytemuck::cast_slice(&words), rows, cols);
-    h.weight(&view, host).expect("upload")
+    words
 }
 
 /// Seconds per round of `record`, timed as `run_timed` submits it: `record` is
@@ -311,9 +323,19 @@ pub fn kernels(device: usize, tunings: &[MatmulTuning], types: &[DType], shape: 
             // Dense m=1 matvec at the q_proj shape (4096 x 2048), the LM head (151936 x
             // 2048), and 16 x 2048, whose time is the floor of any dispatch in a chain
             // (barrier, launch, one round of loads, reduction).
-            for (rows, n) in [(4096usize, 16usize), (151936, 1), (16, 16)] {
-                let ws: Vec<TestWeight> =
-                    (0..n).map(|i| upload(&h, rows, hid, 1000 + i as u64, dtype, false)).collect();
+            // A Q6_K LM head also in the padded layout the executor uploads it in.
+            let padded_head = (dtype == DType::Q6K).then_some((151936, 1, true));
+            for (rows, n, padded) in [(4096usize, 16usize, false), (151936, 1, false)]
+                .into_iter()
+                .chain(padded_head)
+                .chain([(16, 16, false)])
+            {
+                let ws: Vec<TestWeight> = (0..n)
+                    .map(|i| match padded {
+                        true => upload_padded(&h, rows, hid, 1000 + i as u64),
+                        false => upload(&h, rows, hid, 1000 + i as u64, dtype, false),
+                    })
+                    .collect();
                 let a = MatmulArgs {
                     rows: rows as u32,
                     cols: hid as u32,
@@ -326,11 +348,16 @@ pub fn kernels(device: usize, tunings: &[MatmulTuning], types: &[DType], shape: 
                 };
                 let secs = time(&h, |r| {
                     for w in &ws {
-                        r.matmul(Projection::Dense, w.dtype, false, w.set(), a)?;
+                        r.dense(w.dtype, w.padded(), false, w.set(), a)?;
                     }
                     Ok(())
                 }) / n as f64;
-                report(&format!("dense matvec m=1 {name} {rows}x{hid}"), secs, mbytes(rows, hid) as f64);
+                let layout = if padded { " padded" } else { "" };
+                report(
+                    &format!("dense matvec m=1 {name}{layout} {rows}x{hid}"),
+                    secs,
+                    mbytes(rows, hid) as f64,
+                );
             }
         }
     }
