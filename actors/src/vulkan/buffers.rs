@@ -179,6 +179,11 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// instead of 124 with such loads). The same weights, so the same bytes of every product.
 pub const Q6K_PADDED_BLOCK: usize = 224;
 
+/// Bytes in the padded layout of `stored` bytes of whole Q6_K blocks.
+fn padded_q6k_len(stored: usize) -> usize {
+    stored / DType::Q6K.row_bytes(DType::Q6K.block_elems()).expect("one block") * Q6K_PADDED_BLOCK
+}
+
 /// Bytes `off .. off + out.len()` of Q6_K blocks `src` with every block padded to
 /// [`Q6K_PADDED_BLOCK`] bytes, into `out`.
 fn pad_q6k(src: &[u8], off: usize, out: &mut [u8]) {
@@ -209,10 +214,7 @@ impl DeviceWeight {
             return Err(VulkanError::Unsupported(format!("a padded layout of {dtype} weights")));
         }
         let bytes = w.bytes();
-        let len = match padded {
-            true => bytes.len() / dtype.row_bytes(dtype.block_elems()).expect("one block") * Q6K_PADDED_BLOCK,
-            false => bytes.len(),
-        };
+        let len = if padded { padded_q6k_len(bytes.len()) } else { bytes.len() };
         // Padded so that every bound range can be a whole number of 32-bit words.
         let buf =
             device_buffer::<u8>(ctx, (len as u64 + 4).next_multiple_of(16), BufferUsage::STORAGE_BUFFER)?;
@@ -237,7 +239,7 @@ impl DeviceWeight {
         let row_bytes = dtype.row_bytes(cols).ok_or_else(|| {
             VulkanError::Unsupported(format!("{cols} columns are not a whole number of {dtype} blocks"))
         })?;
-        let row_bytes = if padded { cols / dtype.block_elems() * Q6K_PADDED_BLOCK } else { row_bytes } as u64;
+        let row_bytes = if padded { padded_q6k_len(row_bytes) } else { row_bytes } as u64;
         let props = ctx.device.physical_device().properties();
         let align = props.min_storage_buffer_offset_alignment.as_devicesize().max(4);
         let per =

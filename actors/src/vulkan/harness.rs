@@ -49,10 +49,10 @@ impl TestWeight {
         self.set.clone()
     }
 
-    /// Whether it is in the padded Q6_K layout ([`KernelHarness::padded_weight`]), which
-    /// [`Recorder::dense`] must be told.
-    pub fn padded(&self) -> bool {
-        self.padded
+    /// Records its dense product ([`Recorder::dense`], told whether it is padded):
+    /// `a` names the rows, columns and offsets.
+    pub fn record(&self, r: &mut Recorder, batched: bool, a: MatmulArgs) -> Result<(), VulkanError> {
+        r.dense(self.dtype, self.padded, batched, self.set.clone(), a)
     }
 }
 
@@ -276,7 +276,7 @@ impl KernelHarness {
         reps: usize,
     ) -> Result<Duration, VulkanError> {
         let a = MatmulArgs { rows: w.rows as u32, cols: w.cols as u32, ..a };
-        self.run(|r| r.dense(w.dtype, w.padded, batched, w.set.clone(), a), reps)
+        self.run(|r| w.record(r, batched, a), reps)
     }
 
     /// The router's ranking (`shaders/route.comp`) of `m` rows of `ne` gate logits at

@@ -159,11 +159,9 @@ fn read_ceilings(h: &KernelHarness, max_range: u64) {
         ..Default::default()
     };
     for (label, pick) in [("bf16 only", [0, 0]), ("f32 only", [1, 1]), ("bf16 and f32 alternating", [0, 1])] {
-        let secs = time(h, |r| {
-            (0..8).try_for_each(|_| {
-                pick.iter().try_for_each(|&i| r.matmul(Projection::Dense, ws[i].dtype, false, ws[i].set(), a))
-            })
-        }) / 16.0;
+        let secs =
+            time(h, |r| (0..8).try_for_each(|_| pick.iter().try_for_each(|&i| ws[i].record(r, false, a))))
+                / 16.0;
         println!("dispatch floor (16x{cols} matvec, chained, {label}): {:.1} us", secs * 1e6);
     }
 }
@@ -348,7 +346,7 @@ pub fn kernels(device: usize, tunings: &[MatmulTuning], types: &[DType], shape: 
                 };
                 let secs = time(&h, |r| {
                     for w in &ws {
-                        r.dense(w.dtype, w.padded(), false, w.set(), a)?;
+                        w.record(r, false, a)?;
                     }
                     Ok(())
                 }) / n as f64;
