@@ -1,6 +1,8 @@
-//! `vulkan stats`: the driver's pipeline statistics of the matmul-family kernels.
+//! `vulkan stats`: the driver's pipeline statistics of the matmul-family kernels and of
+//! the decode step's other kernels.
 
 use std::ptr;
+use std::sync::Arc;
 
 use ash::vk;
 use vulkano::device::Device;
@@ -8,6 +10,7 @@ use vulkano::pipeline::PipelineLayout;
 use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
 use vulkano::VulkanObject;
 
+use smoe_actors::vulkan::attention::AttentionShape;
 use smoe_actors::vulkan::harness::MatmulTuning;
 use smoe_actors::vulkan::{spirv, Kernel, Kernels, Spec, TypedKernels, VulkanContext};
 
@@ -99,18 +102,18 @@ fn executables(device: &Device, pipeline: vk::Pipeline) -> Result<Vec<Executable
 }
 
 /// Creates a compute pipeline of `module` (entry `main`, specialization constants 0 to 3
-/// = `spec`) with `layout`, as `Kernels::new` does but with `CAPTURE_STATISTICS_KHR`, and
+/// = `spec`, none without it) with `layout`, as `Kernels::new` does but with `CAPTURE_STATISTICS_KHR`, and
 /// returns what the driver reports about it; the pipeline is destroyed before returning.
 fn pipeline_stats(
     device: &Device,
     module: &ShaderModule,
     layout: &PipelineLayout,
-    spec: [u32; 4],
+    spec: Option<[u32; 4]>,
 ) -> Result<Vec<Executable>, String> {
-    let entries: Vec<vk::SpecializationMapEntry> = (0..4u32)
+    let entries: Vec<vk::SpecializationMapEntry> = (0..spec.map_or(0, |s| s.len() as u32))
         .map(|i| vk::SpecializationMapEntry::default().constant_id(i).offset(4 * i).size(4))
         .collect();
-    let data: Vec<u8> = spec.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let data: Vec<u8> = spec.iter().flatten().flat_map(|v| v.to_ne_bytes()).collect();
     let spec_info = vk::SpecializationInfo::default().map_entries(&entries).data(&data);
     let stage = vk::PipelineShaderStageCreateInfo::default()
         .stage(vk::ShaderStageFlags::COMPUTE)
@@ -149,8 +152,40 @@ fn pipeline_stats(
     out
 }
 
+/// Prints what the driver reports about `kernel` (built from its module with its own
+/// specialization constants and layout, plus `CAPTURE_STATISTICS_KHR`), headed by its
+/// module name and `what`; adds each statistic's description to `legend` on first sight.
+fn print_kernel(dev: &Arc<Device>, kernel: &Kernel, what: &str, legend: &mut Vec<(String, String)>) {
+    let name = &kernel.module;
+    let spec = kernel.spec.map(|s| s.constants());
+    let words = spirv(name).unwrap_or_else(|e| fail(1, e.to_string()));
+    // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders, the
+    // modules `Kernels::new` loads.
+    let module = unsafe { ShaderModule::new(dev.clone(), ShaderModuleCreateInfo::new(&words)) }
+        .unwrap_or_else(|e| fail(1, format!("shader module `{name}`: {e}")));
+    println!("{name}{what}:");
+    let exes = pipeline_stats(dev, &module, &kernel.layout, spec)
+        .unwrap_or_else(|e| fail(1, format!("{name}: {e}")));
+    if exes.is_empty() {
+        println!("  (the driver reports no executables)");
+    }
+    for e in exes {
+        println!("  executable `{}` (subgroup {}): {}", e.name, e.subgroup_size, e.description);
+        if e.stats.is_empty() {
+            println!("    (no statistics)");
+        }
+        for (stat, desc, value) in e.stats {
+            println!("    {stat}: {value}");
+            if !legend.iter().any(|(n, _)| *n == stat) {
+                legend.push((stat, desc));
+            }
+        }
+    }
+}
+
 /// `vulkan stats`: the driver's statistics for every matmul-family kernel, specialised
-/// for the default tuning and then each of `extra`.
+/// for the default tuning and then each of `extra`, and for the decode step's other
+/// kernels (default tuning only: they take none).
 pub fn stats(device: usize, extra: &[MatmulTuning]) {
     let ctx = VulkanContext::new(device).unwrap_or_else(|e| fail(1, e.to_string()));
     let dev = &ctx.device;
@@ -201,36 +236,36 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             (" as the wide matvec (an LM head)", typed(|t| &t.matvec_wide)),
         ];
         for (role, kernel) in all.iter().flat_map(|(role, ks)| ks.iter().map(move |k| (role, k))) {
-            let name = &kernel.module;
             let Some(spec @ Spec::Matmul { .. }) = kernel.spec else {
-                fail(1, format!("{name} has no matmul specialization"))
+                fail(1, format!("{} has no matmul specialization", kernel.module))
             };
-            let spec = spec.constants();
-            let words = spirv(name).unwrap_or_else(|e| fail(1, e.to_string()));
-            // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders,
-            // the modules `Kernels::new` loads.
-            let module = unsafe { ShaderModule::new(dev.clone(), ShaderModuleCreateInfo::new(&words)) }
-                .unwrap_or_else(|e| fail(1, format!("shader module `{name}`: {e}")));
-            println!(
-                "{name}{role} (rows {}, unroll {}, lanes {}, workgroup {}):",
-                spec[0], spec[1], spec[2], spec[3]
-            );
-            let exes = pipeline_stats(dev, &module, &kernel.layout, spec)
-                .unwrap_or_else(|e| fail(1, format!("{name}: {e}")));
-            if exes.is_empty() {
-                println!("  (the driver reports no executables)");
-            }
-            for e in exes {
-                println!("  executable `{}` (subgroup {}): {}", e.name, e.subgroup_size, e.description);
-                if e.stats.is_empty() {
-                    println!("    (no statistics)");
-                }
-                for (stat, desc, value) in e.stats {
-                    println!("    {stat}: {value}");
-                    if !legend.iter().any(|(n, _)| *n == stat) {
-                        legend.push((stat, desc));
-                    }
-                }
+            let c = spec.constants();
+            let what = format!("{role} (rows {}, unroll {}, lanes {}, workgroup {})", c[0], c[1], c[2], c[3]);
+            print_kernel(dev, kernel, &what, &mut legend);
+        }
+        if t == d {
+            // The other kernels of a decode step (and of prefill), once: what each declares
+            // and holds decides how the driver splits an SM's L1 and shared memory when
+            // consecutive dispatches differ (bench/README.md, the null decode step).
+            let split = kernels
+                .attention
+                .split_for(AttentionShape { heads: 32, kv_heads: 4, head_dim: 128 })
+                .unwrap_or_else(|e| fail(1, format!("attention_split: {e}")));
+            let a = &kernels.attention;
+            let others = [
+                (&kernels.rmsnorm, ""),
+                (&kernels.qk_rope, ""),
+                (&*split, " (Qwen3-30B-A3B's shape: 32 heads, 4 KV heads, head_dim 128)"),
+                (&a.combine, ""),
+                (&a.fused, ""),
+                (&kernels.route, ""),
+                (&kernels.route_table, ""),
+                (&kernels.accumulate, ""),
+                (&kernels.argmax, ""),
+                (&kernels.argmax_final, ""),
+            ];
+            for (kernel, what) in others {
+                print_kernel(dev, kernel, what, &mut legend);
             }
         }
     }
