@@ -58,6 +58,12 @@ layout(push_constant) uniform Params {
 #define MODE_NORM 4u  // RMSNorm the input (every subgroup alone) before the product
 #define MODE_NORM_ONLY 8u // write the RMSNorm of the input instead (one workgroup)
 #define MODE_PERSIST 16u  // the whole chain in one dispatch, grid barriers between links
+
+// Shared memory a link declares and never uses (specialization constant 0: floats; 1 by
+// default): `vulkan chain`'s footprint orderings alternate links of different footprints,
+// which makes the driver change how an SM splits its L1 and shared memory between them.
+layout(constant_id = 0) const uint PAD = 1u;
+shared float pad[PAD];
 #define MODE_POLL_LOAD 32u // MODE_PERSIST polls by an atomic load
 #define COLS4 512u    // vec4s per row (2048 columns)
 
@@ -148,6 +154,11 @@ void persist() {
 }
 
 void main() {
+    // Keeps `pad` declared: no dispatch has zero workgroups.
+    if (gl_NumWorkGroups.x == 0u) {
+        pad[gl_LocalInvocationIndex % PAD] = 1.0;
+        io[pc.out_off] = pad[(gl_LocalInvocationIndex + 1u) % PAD];
+    }
     if ((pc.mode & MODE_PERSIST) != 0u) {
         persist();
         return;

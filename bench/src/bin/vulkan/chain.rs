@@ -14,7 +14,10 @@
 //! `Recorder` does, which derives the barriers itself: with every link's weights in one
 //! binding, and with each link binding its own weights (a decode step's dispatches each
 //! read weights the command buffer has not touched yet, and vulkano puts an all-commands,
-//! all-memory barrier before a buffer range's first use).
+//! all-memory barrier before a buffer range's first use). The footprint orderings put a
+//! barrier between links that alternate two pipelines of the same kernel declaring
+//! different amounts of unused shared memory: what a change of the SM's L1/shared split
+//! between two dependent dispatches costs (a decode step's kernels declare 1 to 23 KiB).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +34,7 @@ use vulkano::pipeline::layout::PipelineDescriptorSetLayoutCreateInfo;
 use vulkano::pipeline::{
     ComputePipeline, Pipeline, PipelineBindPoint, PipelineLayout, PipelineShaderStageCreateInfo,
 };
-use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
+use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo, SpecializationConstant};
 use vulkano::sync::fence::{Fence, FenceCreateInfo};
 use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
 use vulkano::VulkanObject;
@@ -88,7 +91,14 @@ enum Order {
     /// recording), every link's weights bound at once (`own_weights` false) or each link
     /// binding only its own matrix, first used by that link.
     Auto { own_weights: bool },
+    /// Barriers, the links alternating a pipeline declaring `a` KiB of unused shared
+    /// memory and one declaring `b` KiB (both from [`FOOTPRINT_KIB`]; the same pipeline
+    /// is bound again at every link when they are equal).
+    Footprint { a: u32, b: u32 },
 }
+
+/// The shared-memory footprints (KiB) the footprint orderings' pipelines declare.
+const FOOTPRINT_KIB: [u32; 8] = [0, 2, 4, 8, 16, 24, 32, 44];
 
 impl Order {
     /// How the output names this ordering.
@@ -117,13 +127,20 @@ impl Order {
                 "vulkano's derived barriers, {}",
                 if own_weights { "each link binding its own weights" } else { "the weights bound once" }
             ),
+            Order::Footprint { a, b } => {
+                format!("barrier, links alternating {a} KiB and {b} KiB of unused shared memory")
+            }
         }
     }
 
     /// The kernel's `mode` bits for this ordering.
     fn mode(self) -> u32 {
         match self {
-            Order::Barrier | Order::Free | Order::NormApart | Order::Auto { .. } => 0,
+            Order::Barrier
+            | Order::Free
+            | Order::NormApart
+            | Order::Auto { .. }
+            | Order::Footprint { .. } => 0,
             Order::Count { early, .. } => MODE_WAIT | if early { MODE_EARLY } else { 0 },
             Order::NormFolded => MODE_NORM,
             Order::Persist { early, load, .. } => {
@@ -139,7 +156,8 @@ impl Order {
             | Order::NormApart
             | Order::NormFolded
             | Order::Persist { .. }
-            | Order::Auto { .. } => true,
+            | Order::Auto { .. }
+            | Order::Footprint { .. } => true,
             Order::Count { span, .. } => span < LINKS && (i + 1).is_multiple_of(span),
             Order::Free => false,
         }
@@ -181,6 +199,9 @@ fn link(rows: usize, k: usize, i: usize, in_off: u32, order: Order) -> Params {
 struct Chain {
     ctx: Arc<VulkanContext>,
     pipeline: Arc<ComputePipeline>,
+    /// The same kernel declaring each of [`FOOTPRINT_KIB`] of unused shared memory (for
+    /// [`Order::Footprint`]), in that order.
+    footprints: Vec<Arc<ComputePipeline>>,
     set: Arc<DescriptorSet>,
     /// Per link, a set binding only that link's matrix (for [`Order::Auto`]).
     link_sets: Vec<Arc<DescriptorSet>>,
@@ -234,6 +255,22 @@ impl Chain {
                 .expect("layout info"),
         )
         .expect("layout");
+        let footprints = FOOTPRINT_KIB
+            .iter()
+            .map(|&kib| {
+                let pad = (kib * 256).max(1);
+                let entry = module
+                    .specialize([(0, SpecializationConstant::U32(pad))].into_iter().collect())
+                    .expect("specialize")
+                    .entry_point("main")
+                    .expect("main");
+                let info = ComputePipelineCreateInfo::stage_layout(
+                    PipelineShaderStageCreateInfo::new(entry),
+                    layout.clone(),
+                );
+                ComputePipeline::new(d.clone(), None, info).expect("footprint pipeline")
+            })
+            .collect();
         let pipeline =
             ComputePipeline::new(d.clone(), None, ComputePipelineCreateInfo::stage_layout(stage, layout))
                 .expect("pipeline");
@@ -260,7 +297,7 @@ impl Chain {
         let link_sets =
             (0..LINKS as u64).map(|i| set_for(w.clone().slice(i * link..(i + 1) * link))).collect();
         let set = set_for(w);
-        Chain { ctx, pipeline, set, link_sets, io, counts }
+        Chain { ctx, pipeline, footprints, set, link_sets, io, counts }
     }
 
     /// `reps` chains of [`LINKS`] links over `rows` rows, ordered as `order` says.
@@ -347,6 +384,11 @@ impl Chain {
                             AccessFlags::SHADER_WRITE,
                         ));
                         in_off = (2 * REGION) as u32;
+                    }
+                    if let Order::Footprint { a, b } = order {
+                        let kib = if i % 2 == 0 { a } else { b };
+                        let at = FOOTPRINT_KIB.iter().position(|&f| f == kib).expect("a listed footprint");
+                        cb.bind_pipeline_compute_unchecked(&self.footprints[at]);
                     }
                     cb.push_constants_unchecked(layout, 0, &link(rows, k, i, in_off, order));
                     cb.dispatch_unchecked([groups, 1, 1]);
@@ -459,6 +501,21 @@ pub fn chain(index: usize) {
         Order::Persist { early: true, load: false, groups: 2 * PERSIST_GROUPS },
         Order::Auto { own_weights: false },
         Order::Auto { own_weights: true },
+        // The same pipeline at every link, then a change of footprint at every link.
+        Order::Footprint { a: 0, b: 0 },
+        Order::Footprint { a: 24, b: 24 },
+        Order::Footprint { a: 44, b: 44 },
+        Order::Footprint { a: 0, b: 2 },
+        Order::Footprint { a: 0, b: 4 },
+        Order::Footprint { a: 0, b: 8 },
+        Order::Footprint { a: 0, b: 16 },
+        Order::Footprint { a: 0, b: 24 },
+        Order::Footprint { a: 0, b: 32 },
+        Order::Footprint { a: 0, b: 44 },
+        Order::Footprint { a: 2, b: 4 },
+        Order::Footprint { a: 8, b: 16 },
+        Order::Footprint { a: 24, b: 32 },
+        Order::Footprint { a: 24, b: 44 },
     ];
     for rows in [16usize, 512, 2048] {
         let reps = 64;
@@ -469,7 +526,10 @@ pub fn chain(index: usize) {
             let expected = match order {
                 Order::Free | Order::Barrier | Order::NormApart => continue,
                 Order::NormFolded => &normed,
-                Order::Count { .. } | Order::Persist { .. } | Order::Auto { .. } => &reference,
+                Order::Count { .. }
+                | Order::Persist { .. }
+                | Order::Auto { .. }
+                | Order::Footprint { .. } => &reference,
             };
             if c.result(rows, order, &fence) != *expected {
                 println!("rows {rows}: {}: results DIFFER from its reference (the barrier chain, or the separate norm)", order.label());
