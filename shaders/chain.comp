@@ -58,14 +58,14 @@ layout(push_constant) uniform Params {
 #define MODE_NORM 4u  // RMSNorm the input (every subgroup alone) before the product
 #define MODE_NORM_ONLY 8u // write the RMSNorm of the input instead (one workgroup)
 #define MODE_PERSIST 16u  // the whole chain in one dispatch, grid barriers between links
+#define MODE_POLL_LOAD 32u // MODE_PERSIST polls by an atomic load
+#define COLS4 512u    // vec4s per row (2048 columns)
 
 // Shared memory a link declares and never uses (specialization constant 0: floats; 1 by
 // default): `vulkan chain`'s footprint orderings alternate links of different footprints,
 // which makes the driver change how an SM splits its L1 and shared memory between them.
 layout(constant_id = 0) const uint PAD = 1u;
 shared float pad[PAD];
-#define MODE_POLL_LOAD 32u // MODE_PERSIST polls by an atomic load
-#define COLS4 512u    // vec4s per row (2048 columns)
 
 void io4_write(uint e, vec4 v) {
     io[e] = v.x;

@@ -9,7 +9,7 @@ use smoe_actors::vulkan::VulkanContext;
 use super::kernels::{fill, time};
 
 /// Qwen3-30B-A3B's attention heads.
-const SHAPE: AttentionShape = AttentionShape { heads: 32, kv_heads: 4, head_dim: 128 };
+pub const SHAPE: AttentionShape = AttentionShape { heads: 32, kv_heads: 4, head_dim: 128 };
 
 /// Layers whose caches are cycled so the L2 cache does not hold them (8 × 16 MiB at a
 /// 4096-position context).

@@ -97,7 +97,8 @@ enum Order {
     Footprint { a: u32, b: u32 },
 }
 
-/// The shared-memory footprints (KiB) the footprint orderings' pipelines declare.
+/// The shared-memory footprints (KiB) the footprint orderings' pipelines declare; the
+/// first is none (the kernel's own pipeline).
 const FOOTPRINT_KIB: [u32; 8] = [0, 2, 4, 8, 16, 24, 32, 44];
 
 impl Order {
@@ -198,9 +199,8 @@ fn link(rows: usize, k: usize, i: usize, in_off: u32, order: Order) -> Params {
 /// and one completion count per link of the longest buffer recorded.
 struct Chain {
     ctx: Arc<VulkanContext>,
-    pipeline: Arc<ComputePipeline>,
-    /// The same kernel declaring each of [`FOOTPRINT_KIB`] of unused shared memory (for
-    /// [`Order::Footprint`]), in that order.
+    /// The kernel declaring each of [`FOOTPRINT_KIB`] of unused shared memory, in that
+    /// order: the first (none) serves every ordering but [`Order::Footprint`].
     footprints: Vec<Arc<ComputePipeline>>,
     set: Arc<DescriptorSet>,
     /// Per link, a set binding only that link's matrix (for [`Order::Auto`]).
@@ -271,9 +271,6 @@ impl Chain {
                 ComputePipeline::new(d.clone(), None, info).expect("footprint pipeline")
             })
             .collect();
-        let pipeline =
-            ComputePipeline::new(d.clone(), None, ComputePipelineCreateInfo::stage_layout(stage, layout))
-                .expect("pipeline");
         let w = device_local(&ctx, &fill(LINKS * rows * COLS, 7));
         let io = device_local(&ctx, &initial_io());
         let counts = device_buffer::<u32>(&ctx, (reps * LINKS + 1) as u64, BufferUsage::STORAGE_BUFFER)
@@ -282,7 +279,7 @@ impl Chain {
         let set_for = |w: Subbuffer<[u8]>| {
             DescriptorSet::new(
                 ctx.descriptors.clone(),
-                pipeline.layout().set_layouts()[0].clone(),
+                layout.set_layouts()[0].clone(),
                 [
                     WriteDescriptorSet::buffer(0, w),
                     WriteDescriptorSet::buffer(1, io.clone()),
@@ -297,7 +294,13 @@ impl Chain {
         let link_sets =
             (0..LINKS as u64).map(|i| set_for(w.clone().slice(i * link..(i + 1) * link))).collect();
         let set = set_for(w);
-        Chain { ctx, pipeline, footprints, set, link_sets, io, counts }
+        Chain { ctx, footprints, set, link_sets, io, counts }
+    }
+
+    /// The kernel with no unused shared memory, which every ordering but
+    /// [`Order::Footprint`] runs.
+    fn pipeline(&self) -> &Arc<ComputePipeline> {
+        &self.footprints[0]
     }
 
     /// `reps` chains of [`LINKS`] links over `rows` rows, ordered as `order` says.
@@ -327,7 +330,15 @@ impl Chain {
             .collect(),
             ..Default::default()
         };
-        let layout = self.pipeline.layout();
+        let layout = self.pipeline().layout();
+        // The two pipelines a footprint ordering alternates.
+        let alternate = match order {
+            Order::Footprint { a, b } => Some([a, b].map(|kib| {
+                let at = FOOTPRINT_KIB.iter().position(|&f| f == kib).expect("a listed footprint");
+                &self.footprints[at]
+            })),
+            _ => None,
+        };
         let groups = rows.div_ceil(4) as u32;
         // SAFETY: every index the kernel forms is bounded by the push constants, which
         // are derived from the sizes the buffers were made with; the counts are zeroed
@@ -338,7 +349,7 @@ impl Chain {
                 PipelineStages::ALL_TRANSFER,
                 AccessFlags::TRANSFER_WRITE,
             ));
-            cb.bind_pipeline_compute_unchecked(&self.pipeline);
+            cb.bind_pipeline_compute_unchecked(self.pipeline());
             cb.bind_descriptor_sets_unchecked(
                 PipelineBindPoint::Compute,
                 layout,
@@ -385,10 +396,8 @@ impl Chain {
                         ));
                         in_off = (2 * REGION) as u32;
                     }
-                    if let Order::Footprint { a, b } = order {
-                        let kib = if i % 2 == 0 { a } else { b };
-                        let at = FOOTPRINT_KIB.iter().position(|&f| f == kib).expect("a listed footprint");
-                        cb.bind_pipeline_compute_unchecked(&self.footprints[at]);
+                    if let Some(pair) = &alternate {
+                        cb.bind_pipeline_compute_unchecked(pair[i % 2]);
                     }
                     cb.push_constants_unchecked(layout, 0, &link(rows, k, i, in_off, order));
                     cb.dispatch_unchecked([groups, 1, 1]);
@@ -414,11 +423,11 @@ impl Chain {
             CommandBufferUsage::MultipleSubmit,
         )
         .expect("builder");
-        let layout = self.pipeline.layout().clone();
+        let layout = self.pipeline().layout().clone();
         let groups = rows.div_ceil(4) as u32;
         let order = Order::Auto { own_weights };
         b.fill_buffer(self.counts.clone(), 0).expect("fill");
-        b.bind_pipeline_compute(self.pipeline.clone()).expect("bind pipeline");
+        b.bind_pipeline_compute(self.pipeline().clone()).expect("bind pipeline");
         for k in 0..reps {
             for i in 0..LINKS {
                 let p = link(rows, k, i, ((i % 2) * REGION) as u32, order);

@@ -28,11 +28,11 @@
 //! RMSNorm of each link's input as a dispatch of its own or folded into the link
 //! (`chain.rs`).
 //!
-//! `vulkan stats [DEVICE] [TUNING ...]`: what the driver reports
-//! about each compiled matmul-family kernel and the decode step's other kernels
-//! (registers, spill/local memory, shared memory, ... as the driver names them) through VK_KHR_pipeline_executable_properties, for the default
-//! tuning and any given ones, specialised as the backend specialises them. vulkano does
-//! not expose `CAPTURE_STATISTICS`, so these pipelines are created with raw calls. A
+//! `vulkan stats [DEVICE] [TUNING ...]`: what the driver reports about each compiled
+//! matmul-family kernel and the decode step's other kernels (registers, spill/local
+//! memory, shared memory, ... as the driver names them) through
+//! VK_KHR_pipeline_executable_properties, for the default tuning and any given ones,
+//! specialised as the backend specialises them. vulkano does not expose `CAPTURE_STATISTICS`, so these pipelines are created with raw calls. A
 //! device without the extension (lavapipe) gets a one-line error and exit status 2.
 //!
 //! `vulkan diag VAULT [DEVICE]`: which ring sizes, block sizes and expert paths

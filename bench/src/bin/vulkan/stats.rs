@@ -10,10 +10,10 @@ use vulkano::pipeline::PipelineLayout;
 use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
 use vulkano::VulkanObject;
 
-use smoe_actors::vulkan::attention::AttentionShape;
 use smoe_actors::vulkan::harness::MatmulTuning;
 use smoe_actors::vulkan::{spirv, Kernel, Kernels, Spec, TypedKernels, VulkanContext};
 
+use crate::attention::SHAPE;
 use crate::fail;
 use crate::kernels::TYPES;
 
@@ -102,8 +102,9 @@ fn executables(device: &Device, pipeline: vk::Pipeline) -> Result<Vec<Executable
 }
 
 /// Creates a compute pipeline of `module` (entry `main`, specialization constants 0 to 3
-/// = `spec`, none without it) with `layout`, as `Kernels::new` does but with `CAPTURE_STATISTICS_KHR`, and
-/// returns what the driver reports about it; the pipeline is destroyed before returning.
+/// = `spec`, none without it) with `layout`, as `Kernels::new` does but with
+/// `CAPTURE_STATISTICS_KHR`, and returns what the driver reports about it; the pipeline is
+/// destroyed before returning.
 fn pipeline_stats(
     device: &Device,
     module: &ShaderModule,
@@ -249,13 +250,13 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             // consecutive dispatches differ (bench/README.md, the null decode step).
             let split = kernels
                 .attention
-                .split_for(AttentionShape { heads: 32, kv_heads: 4, head_dim: 128 })
+                .split_for(SHAPE)
                 .unwrap_or_else(|e| fail(1, format!("attention_split: {e}")));
             let a = &kernels.attention;
             let others = [
                 (&kernels.rmsnorm, ""),
                 (&kernels.qk_rope, ""),
-                (&*split, " (Qwen3-30B-A3B's shape: 32 heads, 4 KV heads, head_dim 128)"),
+                (&*split, &format!(" (Qwen3-30B-A3B's shape: {SHAPE:?})")),
                 (&a.combine, ""),
                 (&a.fused, ""),
                 (&kernels.route, ""),
