@@ -40,7 +40,7 @@ layout(push_constant) uniform Params {
     uint nkv;       // key/value heads
     uint q_off;     // act offset of token 0's queries (rows of nh · hd; a multiple of 4)
     uint out_off;   // act offset of token 0's output (rows of nh · hd; a multiple of 4)
-    uint pos_off;   // act offset of the position of token 0 (written before the dispatch)
+    uint pos_word;  // routing-buffer word holding the position of token 0 (written before the dispatch)
     float scale;    // 1 / sqrt(head_dim)
     uint m;         // tokens
     uint rows;      // rows per tile (<= MAX_ROWS and <= 4 · (256 / (hd / 4)))
@@ -98,7 +98,7 @@ vec4 finish(float L, vec4 acc) {
     return o;
 }
 
-uint START;  // position of token 0 (read from the arena: a kept recording serves any)
+uint START;  // position of token 0 (read from the routing buffer: a kept recording serves any)
 
 #ifndef COMBINE
 layout(set = 0, binding = 0) readonly buffer Kc { vec4 kc[]; };
@@ -226,7 +226,7 @@ uint chunk_count(uint c, uint r) {
 #endif
 
 void main() {
-    START = floatBitsToUint(act4[pc.pos_off >> 2u][pc.pos_off & 3u]);
+    START = route_u[pc.pos_word];
 #ifdef COMBINE
     uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
     uint hd4 = HD / 4u, d4 = gl_LocalInvocationID.x;

@@ -17,7 +17,7 @@ layout(push_constant) uniform Params {
     uint q_off;   // act offset of token 0's queries
     uint k_off;   // act offset of token 0's keys
     uint v_off;   // act offset of token 0's values
-    uint pos_off; // act offset of the position of token 0 (written for each pass)
+    uint pos_word; // routing-buffer word holding the position of token 0 (written for each pass)
     float eps;
     uint rh;      // rotary_dim / 2: dims rh.. of the first 2·rh rotate, the rest pass
 } pc;
@@ -37,7 +37,7 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint s = gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.y;
-    uint pos = floatBitsToUint(act[pc.pos_off]) + t;
+    uint pos = route_u[pc.pos_word] + t;
     uint hd = pc.hd;
     uint half_ = pc.rh;
     uint qd = pc.nh * hd;

@@ -939,8 +939,7 @@ fn batched_attention_is_byte_identical_to_m1() {
         let out = (m * qd).next_multiple_of(4);
         let part = out + m * qd;
         let part_floats = m * sh.heads * AttentionShape::partial_chunks(capacity) * (sh.head_dim + 4);
-        let pos = part + part_floats;
-        let h = KernelHarness::new(ctx.clone(), pos + 4, 16).unwrap();
+        let h = KernelHarness::new(ctx.clone(), part + part_floats, 16).unwrap();
         h.write_act(0, &c.q).unwrap();
         let set = h.kv_cache(&c.k, &c.v).unwrap();
         let block = AttentionArgs {
@@ -948,7 +947,7 @@ fn batched_attention_is_byte_identical_to_m1() {
             q_off: 0,
             out_off: out as u32,
             start: start as u32,
-            pos_off: pos as u32,
+            pos_word: 0,
             tokens: m as u32,
             part_off: part as u32,
             part_chunks: AttentionShape::partial_chunks(capacity) as u32,

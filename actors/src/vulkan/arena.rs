@@ -27,9 +27,6 @@ pub struct Arena {
     pub yk: u32,
     /// Logits of one row.
     pub logits: u32,
-    /// The position of the block's first token, as its bits (the host writes it for each
-    /// pass, so a recording does not depend on it).
-    pub pos: u32,
     /// The attention kernels' chunk partials (see [`AttentionShape::partial_floats`]).
     pub attn_partials: u32,
     /// The greedy choice's block pairs (see [`argmax_floats`]).
@@ -64,7 +61,6 @@ impl Arena {
         let routed = take(m.max(c.num_hidden_layers) * routed_stride);
         let yk = take(m * k * c.hidden_size);
         let logits = take(c.vocab_size);
-        let pos = take(1);
         let attn_partials = take(AttentionShape::of(c).partial_floats(m, model.max_context));
         let argmax = take(argmax_floats(c.vocab_size));
         if off > u32::MAX as u64 / 2 {
@@ -79,7 +75,6 @@ impl Arena {
             routed_stride: routed_stride as u32,
             yk,
             logits,
-            pos,
             attn_partials,
             argmax,
             len: off as u32,

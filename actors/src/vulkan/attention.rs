@@ -164,11 +164,11 @@ pub struct AttentionArgs {
     /// Activation offset of token 0's output (a multiple of 4).
     pub out_off: u32,
     /// Position of token 0 (checked against the partials region; the kernels read it
-    /// from the arena at `pos_off`, which the caller writes before the dispatch runs, so
-    /// a recording does not depend on it).
+    /// from the routing buffer's word `pos_word`, which the caller writes before the
+    /// dispatch runs, so a recording does not depend on it).
     pub start: u32,
-    /// Activation offset of the position word.
-    pub pos_off: u32,
+    /// Routing-buffer word holding the position.
+    pub pos_word: u32,
     /// Tokens.
     pub tokens: u32,
     /// Activation offset of the partials region (a multiple of 4).
@@ -208,7 +208,7 @@ impl AttentionArgs {
             s.kv_heads as u32,
             self.q_off,
             self.out_off,
-            self.pos_off,
+            self.pos_word,
             scale.to_bits(),
             self.tokens,
             rows,

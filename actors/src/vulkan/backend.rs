@@ -51,8 +51,6 @@ pub struct VulkanBackend {
     /// Where in `io` the rankings (rows of the arena's `routed`) and the logits lie.
     pub(super) io_routed: usize,
     io_logits: usize,
-    /// Where in `io` the position of the block's first token goes (see [`Arena::pos`]).
-    io_pos: usize,
     /// Where in `io` the greedy choice comes back (one word, the index's bits).
     io_greedy: usize,
     /// The set binding `io` for the kernel that writes the greedy choice.
@@ -111,8 +109,7 @@ impl VulkanBackend {
         if c.num_experts > MAX_EXPERTS {
             return Err(VulkanError::Unsupported(format!("{} experts > {MAX_EXPERTS}", c.num_experts)));
         }
-        let io_pos = io_logits + c.vocab_size;
-        let io_greedy = io_pos + 1;
+        let io_greedy = io_logits + c.vocab_size;
         // The device-routed steps' ranking kernel and the greedy choice write here directly.
         let io = host_buffer::<f32>(&ctx, io_greedy as u64 + 1, BufferUsage::STORAGE_BUFFER)?;
         let greedy_set = set0(&ctx, &kernels.argmax_final, &[io.clone().into_bytes()])?;
@@ -132,7 +129,6 @@ impl VulkanBackend {
             io,
             io_routed,
             io_logits,
-            io_pos,
             io_greedy,
             greedy_set,
             rec: None,
@@ -441,11 +437,11 @@ impl Backend for VulkanBackend {
             a.at(Plane::Q),
             a.at(Plane::K),
             a.at(Plane::V),
-            a.pos,
+            self.ex.pos_word as u32,
             c.rms_norm_eps.to_bits(),
             self.model.rope.half as u32,
         ];
-        // The position is the arena's position word (written by `begin_pass`).
+        // The position is the routing buffer's position word (written by `begin_pass`).
         let (k, set) = (self.kernels.qk_rope.clone(), kv_layer(kv, layer)?.rope.clone());
         Ok(self.rec()?.dispatch(&k, Some(set), push, [nh + nkv, rows as u32, 1])?)
     }
@@ -464,7 +460,7 @@ impl Backend for VulkanBackend {
             q_off: a.at(Plane::Q),
             out_off: a.at(Plane::Attn),
             start: start as u32,
-            pos_off: a.pos,
+            pos_word: self.ex.pos_word as u32,
             tokens: rows as u32,
             part_off: a.attn_partials,
             part_chunks: AttentionShape::partial_chunks(self.model.max_context) as u32,
@@ -685,12 +681,11 @@ impl Backend for VulkanBackend {
         let shape = |bets| Shape { bets, emit, timed: timed.is_some() };
         self.replays.begin(kv, device_bets.filter(|_| replayable).map(shape));
         // The block's position is data, not a push constant, so a kept recording serves
-        // every position: the host writes it, the recording copies it to the arena's
-        // position word, which the RoPE and attention kernels read.
-        self.io.write().map_err(verr("writing the position"))?[self.io_pos] = f32::from_bits(kv.len() as u32);
-        let (io, act, (ip, ap)) =
-            (self.io.clone(), self.act.clone(), (self.io_pos as u64, self.a.pos as u64));
-        Ok(self.rec()?.copy(io.slice(ip..ip + 1), act.slice(ap..ap + 1))?)
+        // every position: the host writes it into the routing buffer's position word,
+        // which the RoPE and attention kernels read (the previous pass has completed).
+        self.ex.route_buf.write().map_err(verr("writing the position"))?[self.ex.pos_word] = kv.len() as u32;
+        self.rec()?;
+        Ok(())
     }
 
     fn routes_on_device(&mut self) -> bool {

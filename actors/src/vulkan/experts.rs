@@ -58,6 +58,10 @@ pub struct ExpertState {
     tab_off: usize,
     /// Routing-buffer offset of a device-routed step's routing words (`device_route`).
     pub fast_off: usize,
+    /// Routing-buffer word holding the position of the pass's first token, which the host
+    /// writes for each pass and the RoPE and attention kernels read (so a kept recording
+    /// serves every position, with no copy in it).
+    pub pos_word: usize,
     /// The ring arenas kernels read in place.
     arenas: ArenaRegistry,
     /// Descriptor sets of expert-blob windows: (buffer, window start) → (down set,
@@ -135,8 +139,8 @@ impl ExpertState {
         let c = &model.cfg;
         let k = c.num_experts_per_tok.max(1);
         let route_len = 2 * m * k + 3 * c.num_experts.min(m * k);
-        let route_buf =
-            upload_buffer::<u32>(ctx, (route_len + fast_route_words(k)) as u64, BufferUsage::STORAGE_BUFFER)?;
+        let pos_word = route_len + fast_route_words(k);
+        let route_buf = upload_buffer::<u32>(ctx, pos_word as u64 + 1, BufferUsage::STORAGE_BUFFER)?;
         check_layouts(model)?;
         let window = ctx.info.max_storage_buffer_range / 2 / 256 * 256;
         let stride = model.vault.max_blob_stride();
@@ -151,6 +155,7 @@ impl ExpertState {
             route_buf,
             tab_off: 2 * m * k,
             fast_off: route_len,
+            pos_word,
             arenas,
             window_sets: HashMap::new(),
             window,

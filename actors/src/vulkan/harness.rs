@@ -401,8 +401,8 @@ impl KernelHarness {
     }
 
     /// Attention of `a.tokens` rows with the cache `set` ([`KernelHarness::kv_cache`])
-    /// by the split path (`split`) or the fused one, `reps` times (the position word at
-    /// `a.pos_off` is written first).
+    /// by the split path (`split`) or the fused one, `reps` times (the routing buffer's
+    /// position word `a.pos_word` is written first).
     pub fn attention(
         &self,
         set: &Arc<DescriptorSet>,
@@ -410,7 +410,7 @@ impl KernelHarness {
         split: bool,
         reps: usize,
     ) -> Result<Duration, VulkanError> {
-        self.write_act(a.pos_off as usize, &[f32::from_bits(a.start)])?;
+        self.route.write().map_err(verr("writing the position"))?[a.pos_word as usize] = a.start;
         self.run(|r| a.record(r, &self.kernels.attention, set.clone(), split), reps)
     }
 

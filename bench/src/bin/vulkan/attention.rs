@@ -28,8 +28,7 @@ pub fn attention(device: usize, prefill: usize, contexts: &[usize]) {
     // Query and output rows for the larger of the prefill block and a decode step.
     let rows = prefill.max(1);
     let (out, part) = (rows * qd, 2 * rows * qd);
-    let pos = part + sh.partial_floats(1, capacity);
-    let h = KernelHarness::new(ctx.clone(), pos + 4, 16).expect("harness");
+    let h = KernelHarness::new(ctx.clone(), part + sh.partial_floats(1, capacity), 16).expect("harness");
     h.write_act(0, &fill(rows * qd, 3)).expect("queries");
     let sets: Vec<_> = (0..LAYERS as u64)
         .map(|l| {
@@ -42,14 +41,14 @@ pub fn attention(device: usize, prefill: usize, contexts: &[usize]) {
         q_off: 0,
         out_off: out as u32,
         start: start as u32,
-        pos_off: pos as u32,
+        pos_word: 0,
         tokens: tokens as u32,
         part_off: part as u32,
         part_chunks: chunks as u32,
     };
     let kv_bytes = |positions: usize| (positions * kvd * 4 * 2) as f64;
     let per_layer = |a: AttentionArgs| {
-        h.write_act(pos, &[f32::from_bits(a.start)]).expect("position");
+        h.write_route(&[a.start]).expect("position");
         let k = h.attention_kernels();
         time(&h, |r| sets.iter().try_for_each(|s| a.record(r, k, s.clone(), a.split_by_default())))
             / LAYERS as f64
