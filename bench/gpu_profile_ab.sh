@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Resident greedy decode of several builds on a lent GPU (the `device` tool), profiled and
+# unprofiled, interleaved in one run: the per-token figure that moves least between runs is
+# the profile's device-busy time (about ±1% run to run, where tok/s moves ±3%).
+# 3-layer `synth --preset qwen3-30b-a3b` vaults (gpu_env.sh's resident_q30: the VRAM tier
+# holding every expert, a 512-token prompt, 256 greedy tokens), one run thrown away first,
+# then ROUNDS rounds of every build profiled (`generate --profile`: the decode phase's
+# summary and device-busy lines), then ROUNDS rounds unprofiled (decode tok/s), then
+# whether each build's token ids equal the first build's.
+#
+#   [QUANTS="q4_k_m bf16"] [ROUNDS=2] [TOKENS=256] bash bench/gpu_profile_ab.sh BIN...
+#
+# BIN are release `smoe-pipeline` binaries (stripped is fine), labelled by their file
+# names; the first is the reference for the ids. QUANTS picks the vaults (any `synth
+# --quant` value; bf16 goes to /tmp/q30, q4_k_m to /tmp/q30q, others to /tmp/q30-QUANT),
+# TOKENS the tokens decoded. Each run's JSON and stderr (the whole profile) go to $OUT
+# (default /tmp/gpu_profile_ab) as VAULT-BUILD[-plain].{json,err}.
+set -euo pipefail
+[ $# -ge 1 ] || { sed -n 2,18p "$0" >&2; exit 2; }
+bins=()
+for b in "$@"; do bins+=("$(realpath "$b")"); done
+out=${OUT:-/tmp/gpu_profile_ab}
+mkdir -p "$out"
+. "$(dirname "$0")/gpu_env.sh"
+gpu_env "${bins[0]}"
+# One run of build $1 on vault $2 ($3: -plain for an unprofiled run).
+run() {
+  local bin=$1 v=$2 kind=$3 name
+  name=$v-$(basename "$bin")$kind
+  local extra=()
+  [ -z "$kind" ] && extra=(--profile)
+  "$bin" generate "${flags[@]}" "${extra[@]}" >"$out/$name.json" 2>"$out/$name.err" || {
+    tail -3 "$out/$name.err" >&2
+    exit 1
+  }
+}
+for quant in ${QUANTS:-q4_k_m bf16}; do
+  case $quant in
+  bf16) v=q30 q=() ;;
+  q4_k_m) v=q30q q=(--quant q4_k_m) ;;
+  *) v=q30-$quant q=(--quant "$quant") ;;
+  esac
+  resident_q30 "${bins[0]}" $v --layers 3 "${q[@]}"
+  for i in "${!flags[@]}"; do
+    [ "${flags[$i]}" = --max-tokens ] && flags[i + 1]=${TOKENS:-256}
+  done
+  flags+=(--json)
+  "${bins[0]}" generate "${flags[@]}" >/dev/null 2>&1 || true
+  for round in $(seq "${ROUNDS:-2}"); do
+    for bin in "${bins[@]}"; do
+      run "$bin" $v ""
+      # The decode phase's summary and its device-busy line (the prefill's comes first).
+      echo "$v $(basename "$bin") profiled, round $round: $(awk '/^Decode/ { d = 1; printf "%s ", $0 } d && /^device busy/ { print; exit }' "$out/$v-$(basename "$bin").err")"
+    done
+  done
+  for round in $(seq "${ROUNDS:-2}"); do
+    for bin in "${bins[@]}"; do
+      run "$bin" $v -plain
+      python3 -c "import json, sys; s = json.load(open(sys.argv[1]))['stats']; print(sys.argv[2], 'decode', round(s['decode_tok_s'], 1), 'tok/s')" \
+        "$out/$v-$(basename "$bin")-plain.json" "$v $(basename "$bin") unprofiled, round $round:"
+    done
+  done
+  for bin in "${bins[@]:1}"; do
+    python3 -c "
+import json, sys
+a, b = (json.load(open(p))['token_ids'] for p in sys.argv[1:3])
+print(sys.argv[3], 'identical' if a == b else 'differ', len(a))" \
+      "$out/$v-$(basename "${bins[0]}")-plain.json" "$out/$v-$(basename "$bin")-plain.json" \
+      "$v ids $(basename "$bin") vs $(basename "${bins[0]}"):"
+  done
+done
