@@ -15,6 +15,16 @@ gpu_env() {
   fi
 }
 
+# The vault of quant $1 (any `synth --quant` value) for resident_q30: sets v to its name
+# (bf16: q30, q4_k_m: q30q, another: q30-QUANT) and q to its synth flags.
+q30_quant() {
+  case $1 in
+  bf16) v=q30 q=() ;;
+  q4_k_m) v=q30q q=(--quant q4_k_m) ;;
+  *) v=q30-$1 q=(--quant "$1") ;;
+  esac
+}
+
 # Resident decode on a q30 synth (gpu_decode_ab.sh, gpu_greedy_ab.sh): `resident_q30 BIN
 # NAME [SYNTH ARGS]` writes `synth --preset qwen3-30b-a3b --out /tmp/NAME SYNTH ARGS` when
 # /tmp/NAME is missing and sets `flags` to generate's flags for it: Vulkan device 0, the

@@ -19,11 +19,7 @@ old=$(realpath "$2")
 . "$(dirname "$0")/gpu_env.sh"
 gpu_env "$new"
 for quant in ${QUANTS:-bf16 q4_k_m}; do
-  case $quant in
-    bf16) v=q30 q=() ;;
-    q4_k_m) v=q30q q=(--quant q4_k_m) ;;
-    *) v=q30-$quant q=(--quant "$quant") ;;
-  esac
+  q30_quant "$quant"
   resident_q30 "$new" $v --layers 3 "${q[@]}"
   flags+=(--json)
   # One run thrown away first: in both of session 38's bf16 A/Bs the first run after the

@@ -35,11 +35,7 @@ run() {
   }
 }
 for quant in ${QUANTS:-q4_k_m bf16}; do
-  case $quant in
-  bf16) v=q30 q=() ;;
-  q4_k_m) v=q30q q=(--quant q4_k_m) ;;
-  *) v=q30-$quant q=(--quant "$quant") ;;
-  esac
+  q30_quant "$quant"
   resident_q30 "${bins[0]}" $v --layers 3 "${q[@]}"
   for i in "${!flags[@]}"; do
     [ "${flags[$i]}" = --max-tokens ] && flags[i + 1]=${TOKENS:-256}

@@ -684,7 +684,6 @@ impl Backend for VulkanBackend {
         // every position: the host writes it into the routing buffer's position word,
         // which the RoPE and attention kernels read (the previous pass has completed).
         self.ex.route_buf.write().map_err(verr("writing the position"))?[self.ex.pos_word] = kv.len() as u32;
-        self.rec()?;
         Ok(())
     }
 
