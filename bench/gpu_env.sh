@@ -28,7 +28,8 @@ q30_quant() {
 # Resident decode on a q30 synth (gpu_decode_ab.sh, gpu_greedy_ab.sh): `resident_q30 BIN
 # NAME [SYNTH ARGS]` writes `synth --preset qwen3-30b-a3b --out /tmp/NAME SYNTH ARGS` when
 # /tmp/NAME is missing and sets `flags` to generate's flags for it: Vulkan device 0, the
-# VRAM tier holding every expert, a 512-token prompt in one chunk, 256 tokens past EOS.
+# VRAM tier holding every expert, a 512-token prompt in one chunk, $TOKENS (default 256)
+# tokens past EOS.
 resident_q30() {
   local bin=$1 name=$2
   shift 2
@@ -39,6 +40,6 @@ resident_q30() {
   all=$(python3 -c "
 import json; m = json.load(open('/tmp/$name/manifest.json'))
 print(sum(l['layout']['blob_stride'] for l in m['experts']['layers']) * m['model']['num_experts'])")
-  flags=(--vault "/tmp/$name" --max-tokens 256 --ignore-eos --backend vulkan --device 0 --chunk-size 512
+  flags=(--vault "/tmp/$name" --max-tokens "${TOKENS:-256}" --ignore-eos --backend vulkan --device 0 --chunk-size 512
     --max-context 1200 --ring-bytes 64GiB --vram-bytes "$all" --warmup --prompt-ids "$ids")
 }

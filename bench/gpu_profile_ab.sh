@@ -10,15 +10,20 @@
 #
 #   [QUANTS="q4_k_m bf16"] [ROUNDS=2] [TOKENS=256] bash bench/gpu_profile_ab.sh BIN...
 #
-# BIN are release `smoe-pipeline` binaries (stripped is fine), labelled by their file
-# names; the first is the reference for the ids. QUANTS picks the vaults (any `synth
-# --quant` value; bf16 goes to /tmp/q30, q4_k_m to /tmp/q30q, others to /tmp/q30-QUANT),
-# TOKENS the tokens decoded. Each run's JSON and stderr (the whole profile) go to $OUT
-# (default /tmp/gpu_profile_ab) as VAULT-BUILD[-plain].{json,err}.
+# BIN are release `smoe-pipeline` binaries (stripped is fine) with distinct file names,
+# which label them; the first is the reference for the ids. QUANTS picks the vaults (any
+# `synth --quant` value; gpu_env.sh's q30_quant names them), TOKENS the tokens decoded.
+# Each run's JSON and stderr (the whole profile) go to $OUT (default /tmp/gpu_profile_ab)
+# as VAULT-BUILD[-plain].{json,err}.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,18p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,17p "$0" >&2; exit 2; }
 bins=()
 for b in "$@"; do bins+=("$(realpath "$b")"); done
+# Runs are filed under the builds' file names.
+[ "$(printf '%s\n' "${bins[@]##*/}" | sort | uniq -d)" = "" ] || {
+  echo "gpu_profile_ab.sh: the builds need distinct file names" >&2
+  exit 2
+}
 out=${OUT:-/tmp/gpu_profile_ab}
 mkdir -p "$out"
 . "$(dirname "$0")/gpu_env.sh"
@@ -37,9 +42,6 @@ run() {
 for quant in ${QUANTS:-q4_k_m bf16}; do
   q30_quant "$quant"
   resident_q30 "${bins[0]}" $v --layers 3 "${q[@]}"
-  for i in "${!flags[@]}"; do
-    [ "${flags[$i]}" = --max-tokens ] && flags[i + 1]=${TOKENS:-256}
-  done
   flags+=(--json)
   "${bins[0]}" generate "${flags[@]}" >/dev/null 2>&1 || true
   for round in $(seq "${ROUNDS:-2}"); do

@@ -400,6 +400,13 @@ impl KernelHarness {
         &self.kernels.attention
     }
 
+    /// Writes `a`'s position into the routing buffer's word `a.pos_word`, where the
+    /// attention kernels read it.
+    pub fn write_position(&self, a: &AttentionArgs) -> Result<(), VulkanError> {
+        self.route.write().map_err(verr("writing the position"))?[a.pos_word as usize] = a.start;
+        Ok(())
+    }
+
     /// Attention of `a.tokens` rows with the cache `set` ([`KernelHarness::kv_cache`])
     /// by the split path (`split`) or the fused one, `reps` times (the routing buffer's
     /// position word `a.pos_word` is written first).
@@ -410,7 +417,7 @@ impl KernelHarness {
         split: bool,
         reps: usize,
     ) -> Result<Duration, VulkanError> {
-        self.route.write().map_err(verr("writing the position"))?[a.pos_word as usize] = a.start;
+        self.write_position(&a)?;
         self.run(|r| a.record(r, &self.kernels.attention, set.clone(), split), reps)
     }
 

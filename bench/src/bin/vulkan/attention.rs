@@ -48,7 +48,7 @@ pub fn attention(device: usize, prefill: usize, contexts: &[usize]) {
     };
     let kv_bytes = |positions: usize| (positions * kvd * 4 * 2) as f64;
     let per_layer = |a: AttentionArgs| {
-        h.write_route(&[a.start]).expect("position");
+        h.write_position(&a).expect("position");
         let k = h.attention_kernels();
         time(&h, |r| sets.iter().try_for_each(|s| a.record(r, k, s.clone(), a.split_by_default())))
             / LAYERS as f64

@@ -32,8 +32,9 @@
 //! matmul-family kernel and the decode step's other kernels (registers, spill/local
 //! memory, shared memory, ... as the driver names them) through
 //! VK_KHR_pipeline_executable_properties, for the default tuning and any given ones,
-//! specialised as the backend specialises them. vulkano does not expose `CAPTURE_STATISTICS`, so these pipelines are created with raw calls. A
-//! device without the extension (lavapipe) gets a one-line error and exit status 2.
+//! specialised as the backend specialises them. vulkano does not expose
+//! `CAPTURE_STATISTICS`, so these pipelines are created with raw calls. A device without
+//! the extension (lavapipe) gets a one-line error and exit status 2.
 //!
 //! `vulkan diag VAULT [DEVICE]`: which ring sizes, block sizes and expert paths
 //! reproduce token-serial logits bit for bit, and the CPU backend's distance.
