@@ -9,6 +9,8 @@
 // before it waits, so the next link's weight reads overlap the previous link's tail. This
 // relies on the device launching a later dispatch's workgroups only after all of an
 // earlier one's (no Vulkan guarantee): a measurement, not an executor path.
+// MODE_NULL links return at once: a chain of them prices a dependent dispatch of G
+// workgroups with no work in it (a decode step's nulled kernels cost ~10 µs each in situ).
 // MODE_PERSIST runs a whole chain in one dispatch of G workgroups (all resident at once:
 // G is small), each taking its share of every link's rows in turn and then meeting the
 // others at a grid barrier (a count per link in device memory, polled by an atomic add
@@ -59,6 +61,7 @@ layout(push_constant) uniform Params {
 #define MODE_NORM_ONLY 8u // write the RMSNorm of the input instead (one workgroup)
 #define MODE_PERSIST 16u  // the whole chain in one dispatch, grid barriers between links
 #define MODE_POLL_LOAD 32u // MODE_PERSIST polls by an atomic load
+#define MODE_NULL 64u // the link does nothing (what launching its workgroups costs)
 #define COLS4 512u    // vec4s per row (2048 columns)
 
 // Shared memory a link declares and never uses (specialization constant 0: floats; 1 by
@@ -158,6 +161,9 @@ void main() {
     if (gl_NumWorkGroups.x == 0u) {
         pad[gl_LocalInvocationIndex % PAD] = 1.0;
         io[pc.out_off] = pad[(gl_LocalInvocationIndex + 1u) % PAD];
+    }
+    if ((pc.mode & MODE_NULL) != 0u) {
+        return;
     }
     if ((pc.mode & MODE_PERSIST) != 0u) {
         persist();

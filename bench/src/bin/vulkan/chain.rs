@@ -18,6 +18,10 @@
 //! barrier between links that alternate two pipelines of the same kernel declaring
 //! different amounts of unused shared memory: what a change of the SM's L1/shared split
 //! between two dependent dispatches costs (a decode step's kernels declare 1 to 23 KiB).
+//! The null orderings (at 16 rows only) chain links that do nothing, of 4 to 37,984
+//! workgroups, with and without barriers: what a dependent dispatch costs by its workgroup
+//! count alone (a decode step's nulled kernels cost ~10 µs each in situ, against ~4 µs a
+//! link here).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +64,7 @@ const MODE_NORM: u32 = 4;
 const MODE_NORM_ONLY: u32 = 8;
 const MODE_PERSIST: u32 = 16;
 const MODE_POLL_LOAD: u32 = 32;
+const MODE_NULL: u32 = 64;
 /// Workgroups of a persistent chain at most, by default (one per SM of an H100/H200 and
 /// fewer: all resident at once, which the grid barrier needs); [`Order::Persist`] also
 /// runs with two per SM.
@@ -95,6 +100,10 @@ enum Order {
     /// memory and one declaring `b` KiB (both from [`FOOTPRINT_KIB`]; the same pipeline
     /// is bound again at every link when they are equal).
     Footprint { a: u32, b: u32 },
+    /// Links that do nothing, of `groups` workgroups each, with a barrier between links
+    /// (`barrier`) or none: what launching a dependent dispatch of that many workgroups
+    /// costs, apart from any work.
+    Null { groups: u32, barrier: bool },
 }
 
 /// The shared-memory footprints (KiB) the footprint orderings' pipelines declare; the
@@ -131,6 +140,10 @@ impl Order {
             Order::Footprint { a, b } => {
                 format!("barrier, links alternating {a} KiB and {b} KiB of unused shared memory")
             }
+            Order::Null { groups, barrier } => format!(
+                "{}, null links of {groups} workgroups (no work)",
+                if barrier { "barrier" } else { "no ordering" }
+            ),
         }
     }
 
@@ -147,6 +160,7 @@ impl Order {
             Order::Persist { early, load, .. } => {
                 MODE_PERSIST | if early { MODE_EARLY } else { 0 } | if load { MODE_POLL_LOAD } else { 0 }
             }
+            Order::Null { .. } => MODE_NULL,
         }
     }
 
@@ -160,6 +174,7 @@ impl Order {
             | Order::Auto { .. }
             | Order::Footprint { .. } => true,
             Order::Count { span, .. } => span < LINKS && (i + 1).is_multiple_of(span),
+            Order::Null { barrier, .. } => barrier,
             Order::Free => false,
         }
     }
@@ -400,7 +415,11 @@ impl Chain {
                         cb.bind_pipeline_compute_unchecked(pair[i % 2]);
                     }
                     cb.push_constants_unchecked(layout, 0, &link(rows, k, i, in_off, order));
-                    cb.dispatch_unchecked([groups, 1, 1]);
+                    let wgs = match order {
+                        Order::Null { groups: g, .. } => g,
+                        _ => groups,
+                    };
+                    cb.dispatch_unchecked([wgs, 1, 1]);
                     if order.barrier_after(k * LINKS + i) {
                         cb.pipeline_barrier_unchecked(&barrier(
                             PipelineStages::COMPUTE_SHADER,
@@ -526,14 +545,21 @@ pub fn chain(index: usize) {
         Order::Footprint { a: 24, b: 32 },
         Order::Footprint { a: 24, b: 44 },
     ];
+    // Null links' cost does not depend on the rows, so they run with the first size only:
+    // from a few workgroups to an LM head's (151936 rows at 4 a workgroup).
+    let nulls = [4u32, 132, 512, 1280, 4096, 16384, 37984]
+        .into_iter()
+        .flat_map(|groups| [true, false].map(|barrier| Order::Null { groups, barrier }));
+    let orders_first: Vec<Order> = orders.into_iter().chain(nulls).collect();
     for rows in [16usize, 512, 2048] {
+        let orders = if rows == 16 { &orders_first[..] } else { &orders[..] };
         let reps = 64;
         let c = Chain::new(ctx.clone(), rows, reps);
         let reference = c.result(rows, Order::Barrier, &fence);
         let normed = c.result(rows, Order::NormApart, &fence);
-        for order in orders {
+        for &order in orders {
             let expected = match order {
-                Order::Free | Order::Barrier | Order::NormApart => continue,
+                Order::Free | Order::Barrier | Order::NormApart | Order::Null { .. } => continue,
                 Order::NormFolded => &normed,
                 Order::Count { .. }
                 | Order::Persist { .. }
@@ -560,6 +586,10 @@ pub fn chain(index: usize) {
         for (order, mut t) in orders.iter().zip(times) {
             t.sort_by(f64::total_cmp);
             let per = t[3] / (reps * LINKS) as f64;
+            if let Order::Null { .. } = order {
+                println!("{}: {:.2} us per link", order.label(), per * 1e6);
+                continue;
+            }
             println!(
                 "rows {rows} x {COLS} f32 ({:.2} MB/link): {}: {:.2} us per link, {:.0} GB/s",
                 bytes / 1e6,
