@@ -18,7 +18,7 @@
 //! barrier between links that alternate two pipelines of the same kernel declaring
 //! different amounts of unused shared memory: what a change of the SM's L1/shared split
 //! between two dependent dispatches costs (a decode step's kernels declare 1 to 23 KiB).
-//! The null orderings (at 16 rows only) chain links that do nothing, of 4 to 37,984
+//! The null orderings (at 16 rows only) chain links that do nothing, of 1 to 37,984
 //! workgroups, with and without barriers: what a dependent dispatch costs by its workgroup
 //! count alone (a decode step's nulled kernels cost ~10 µs each in situ, against ~4 µs a
 //! link here).
@@ -545,9 +545,11 @@ pub fn chain(index: usize) {
         Order::Footprint { a: 24, b: 32 },
         Order::Footprint { a: 24, b: 44 },
     ];
-    // Null links' cost does not depend on the rows, so they run with the first size only:
-    // from a few workgroups to an LM head's (151936 rows at 4 a workgroup).
-    let nulls = [4u32, 132, 512, 1280, 4096, 16384, 37984]
+    // Null links' cost does not depend on the rows, so they run with the first size only,
+    // over a decode step's grids: a norm's 1 workgroup, a router's 32, an output
+    // projection's 512, q/k/v's 1,280, a Qwen3 LM head's 9,496 (16 rows a workgroup), and
+    // 151,936 rows at this kernel's 4 a workgroup.
+    let nulls = [1u32, 32, 132, 512, 1280, 4096, 9496, 37984]
         .into_iter()
         .flat_map(|groups| [true, false].map(|barrier| Order::Null { groups, barrier }));
     let orders_first: Vec<Order> = orders.into_iter().chain(nulls).collect();
