@@ -8,15 +8,16 @@
 # summary and device-busy lines), then ROUNDS rounds unprofiled (decode tok/s), then
 # whether each build's token ids equal the first build's.
 #
-#   [QUANTS="q4_k_m bf16"] [ROUNDS=2] [TOKENS=256] bash bench/gpu_profile_ab.sh BIN...
+#   [QUANTS="q4_k_m bf16"] [ROUNDS=2] [TOKENS=256] [PROFILE=0] bash bench/gpu_profile_ab.sh BIN...
 #
 # BIN are release `smoe-pipeline` binaries (stripped is fine) with distinct file names,
 # which label them; the first is the reference for the ids. QUANTS picks the vaults (any
-# `synth --quant` value; gpu_env.sh's q30_quant names them), TOKENS the tokens decoded.
-# Each run's JSON and stderr (the whole profile) go to $OUT (default /tmp/gpu_profile_ab)
-# as VAULT-BUILD[-plain].{json,err}.
+# `synth --quant` value; gpu_env.sh's q30_quant names them), TOKENS the tokens decoded;
+# PROFILE=0 leaves out the profiled rounds (gpu_greedy_ab.sh). Each run's JSON and
+# stderr (the whole profile) go to $OUT (default /tmp/gpu_profile_ab) as
+# VAULT-BUILD[-plain].{json,err}.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,17p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,19p "$0" >&2; exit 2; }
 bins=()
 for b in "$@"; do bins+=("$(realpath "$b")"); done
 # Runs are filed under the builds' file names.
@@ -45,6 +46,7 @@ for quant in ${QUANTS:-q4_k_m bf16}; do
   flags+=(--json)
   "${bins[0]}" generate "${flags[@]}" >/dev/null 2>&1 || true
   for round in $(seq "${ROUNDS:-2}"); do
+    [ "${PROFILE:-1}" = 0 ] && break
     for bin in "${bins[@]}"; do
       run "$bin" $v ""
       # The decode phase's summary and its device-busy line (the prefill's comes first).
@@ -54,7 +56,7 @@ for quant in ${QUANTS:-q4_k_m bf16}; do
   for round in $(seq "${ROUNDS:-2}"); do
     for bin in "${bins[@]}"; do
       run "$bin" $v -plain
-      python3 -c "import json, sys; s = json.load(open(sys.argv[1]))['stats']; print(sys.argv[2], 'decode', round(s['decode_tok_s'], 1), 'tok/s')" \
+      python3 -c "import json, sys; s = json.load(open(sys.argv[1]))['stats']; print(sys.argv[2], 'decode', round(s['decode_tok_s'], 1), 'tok/s, prefill', round(s['prefill_tok_s']), 'tok/s')" \
         "$out/$v-$(basename "$bin")-plain.json" "$v $(basename "$bin") unprofiled, round $round:"
     done
   done
