@@ -15,7 +15,10 @@
 # `synth --quant` value; gpu_env.sh's q30_quant names them), TOKENS the tokens decoded;
 # PROFILE=0 leaves out the profiled rounds (gpu_greedy_ab.sh). Each run's JSON and
 # stderr (the whole profile) go to $OUT (default /tmp/gpu_profile_ab) as
-# VAULT-BUILD[-plain].{json,err}.
+# VAULT-BUILD[-plain].{json,err}. Where `nvidia-smi` is present, the SM clock is logged
+# every 10 ms ($OUT/clocks.csv) and each line ends with its range over the run's last
+# 0.5 s, where the decode ends: the clock falls to a few hundred MHz while a long vault
+# load idles the GPU, and a build that does little work may decode before it is back.
 set -euo pipefail
 [ $# -ge 1 ] || { sed -n 2,19p "$0" >&2; exit 2; }
 bins=()
@@ -29,7 +32,15 @@ out=${OUT:-/tmp/gpu_profile_ab}
 mkdir -p "$out"
 . "$(dirname "$0")/gpu_env.sh"
 gpu_env "${bins[0]}"
-# One run of build $1 on vault $2 ($3: -plain for an unprofiled run).
+clocks=""
+if command -v nvidia-smi >/dev/null; then
+  # Line-buffered, so a run's samples are in the file when it ends.
+  stdbuf -oL nvidia-smi --query-gpu=timestamp,clocks.sm --format=csv,noheader -lms 10 >"$out/clocks.csv" &
+  clocks=$!
+  trap 'kill $clocks 2>/dev/null' EXIT
+fi
+# One run of build $1 on vault $2 ($3: -plain for an unprofiled run); sets `sm` to the SM
+# clock's range over the run's last 0.5 s (empty without nvidia-smi).
 run() {
   local bin=$1 v=$2 kind=$3 name
   name=$v-$(basename "$bin")$kind
@@ -39,6 +50,22 @@ run() {
     tail -3 "$out/$name.err" >&2
     exit 1
   }
+  sm=""
+  [ -n "$clocks" ] || return 0
+  sleep 0.05
+  sm=$(python3 -c "
+import datetime, sys
+end = datetime.datetime.now()
+mhz = []
+for line in open(sys.argv[1]):
+    t, _, c = line.partition(', ')
+    try:
+        at = datetime.datetime.strptime(t.strip(), '%Y/%m/%d %H:%M:%S.%f')
+        if 0.05 <= (end - at).total_seconds() <= 0.55:
+            mhz.append(int(c.split()[0]))
+    except ValueError:
+        pass
+print(f', SM clock over the last 0.5 s {min(mhz)}-{max(mhz)} MHz' if mhz else '')" "$out/clocks.csv")
 }
 for quant in ${QUANTS:-q4_k_m bf16}; do
   q30_quant "$quant"
@@ -50,14 +77,14 @@ for quant in ${QUANTS:-q4_k_m bf16}; do
     for bin in "${bins[@]}"; do
       run "$bin" $v ""
       # The decode phase's summary and its device-busy line (the prefill's comes first).
-      echo "$v $(basename "$bin") profiled, round $round: $(awk '/^Decode/ { d = 1; printf "%s ", $0 } d && /^device busy/ { print; exit }' "$out/$v-$(basename "$bin").err")"
+      echo "$v $(basename "$bin") profiled, round $round: $(awk '/^Decode/ { d = 1; printf "%s ", $0 } d && /^device busy/ { printf "%s", $0; exit }' "$out/$v-$(basename "$bin").err")$sm"
     done
   done
   for round in $(seq "${ROUNDS:-2}"); do
     for bin in "${bins[@]}"; do
       run "$bin" $v -plain
-      python3 -c "import json, sys; s = json.load(open(sys.argv[1]))['stats']; print(sys.argv[2], 'decode', round(s['decode_tok_s'], 1), 'tok/s, prefill', round(s['prefill_tok_s']), 'tok/s')" \
-        "$out/$v-$(basename "$bin")-plain.json" "$v $(basename "$bin") unprofiled, round $round:"
+      python3 -c "import json, sys; s = json.load(open(sys.argv[1]))['stats']; print(sys.argv[2], 'decode', round(s['decode_tok_s'], 1), 'tok/s, prefill', round(s['prefill_tok_s']), 'tok/s' + sys.argv[3])" \
+        "$out/$v-$(basename "$bin")-plain.json" "$v $(basename "$bin") unprofiled, round $round:" "$sm"
     done
   done
   for bin in "${bins[@]:1}"; do
