@@ -20,7 +20,7 @@
 # 0.5 s, where the decode ends: the clock falls to a few hundred MHz while a long vault
 # load idles the GPU, and a build that does little work may decode before it is back.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,19p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,21p "$0" >&2; exit 2; }
 bins=()
 for b in "$@"; do bins+=("$(realpath "$b")"); done
 # Runs are filed under the builds' file names.
@@ -65,7 +65,7 @@ for line in open(sys.argv[1]):
             mhz.append(int(c.split()[0]))
     except ValueError:
         pass
-print(f', SM clock over the last 0.5 s {min(mhz)}-{max(mhz)} MHz' if mhz else '')" "$out/clocks.csv")
+print(f', SM clock over the last 0.5 s {min(mhz)}-{max(mhz)} MHz' if mhz else '')" "$out/clocks.csv") || sm=""
 }
 for quant in ${QUANTS:-q4_k_m bf16}; do
   q30_quant "$quant"
