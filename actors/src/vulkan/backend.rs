@@ -207,15 +207,7 @@ impl VulkanBackend {
             Some((kept, _)) if wait && self.pending.is_none() && self.transfer.is_none() => {
                 let t = Instant::now();
                 self.replays.run(&self.ctx, kept)?;
-                if let Some(v) = self.ex.vram.as_mut() {
-                    v.settle();
-                }
-                if let Some(timer) = &self.timer {
-                    let mut timer = lock(timer);
-                    timer.waited(t.elapsed());
-                    timer.collect()?;
-                }
-                return Ok(());
+                return self.finished(t);
             }
             Some((kept, _)) => kept,
             None => {
@@ -245,17 +237,25 @@ impl VulkanBackend {
             let fence = run.then_signal_fence_and_flush().map_err(verr("submitting a layer step"))?;
             let t = Instant::now();
             fence.wait(None).map_err(verr("waiting for a layer step"))?;
-            if let Some(v) = self.ex.vram.as_mut() {
-                v.settle();
-            }
-            if let Some(timer) = &self.timer {
-                let mut timer = lock(timer);
-                timer.waited(t.elapsed());
-                timer.collect()?;
-            }
+            self.finished(t)?;
         } else {
             let f = run.then_signal_semaphore_and_flush().map_err(verr("submitting a layer step"))?;
             self.pending = Some(f.boxed());
+        }
+        Ok(())
+    }
+
+    /// After the host waited (since `t`) for everything submitted: the VRAM tier learns
+    /// that its fills are in place and no slot is in use, and the profile counts the wait
+    /// and collects the finished stamps.
+    fn finished(&mut self, t: Instant) -> Result<(), VulkanError> {
+        if let Some(v) = self.ex.vram.as_mut() {
+            v.settle();
+        }
+        if let Some(timer) = &self.timer {
+            let mut timer = lock(timer);
+            timer.waited(t.elapsed());
+            timer.collect()?;
         }
         Ok(())
     }
