@@ -35,7 +35,8 @@ for l in sys.stdin:
         j = json.loads(l)
     except ValueError:
         continue
-    if j.get("reason") == "compiler-artifact" and j.get("executable"):
+    # Test targets only: the integration tests also build the (debug) smoe-pipeline.
+    if j.get("reason") == "compiler-artifact" and j.get("executable") and "test" in j["target"]["kind"]:
         print(j["target"]["name"], j["executable"])' |
     while read -r name exe; do pack_bin "$name" "$exe"; done
   pack_bin smoe-pipeline target/release/smoe-pipeline
