@@ -53,11 +53,12 @@ run() {
   sm=""
   [ -n "$clocks" ] || return 0
   sleep 0.05
-  sm=$(python3 -c "
+  # The log's last 200 samples (2 s at 10 ms) hold the window; the rest is not read again.
+  sm=$(tail -n 200 "$out/clocks.csv" | python3 -c "
 import datetime, sys
 end = datetime.datetime.now()
 mhz = []
-for line in open(sys.argv[1]):
+for line in sys.stdin:
     t, _, c = line.partition(', ')
     try:
         at = datetime.datetime.strptime(t.strip(), '%Y/%m/%d %H:%M:%S.%f')
@@ -65,7 +66,7 @@ for line in open(sys.argv[1]):
             mhz.append(int(c.split()[0]))
     except ValueError:
         pass
-print(f', SM clock over the last 0.5 s {min(mhz)}-{max(mhz)} MHz' if mhz else '')" "$out/clocks.csv") || sm=""
+print(f', SM clock over the last 0.5 s {min(mhz)}-{max(mhz)} MHz' if mhz else '')") || sm=""
 }
 for quant in ${QUANTS:-q4_k_m bf16}; do
   q30_quant "$quant"
