@@ -28,6 +28,10 @@
 //! RMSNorm of each link's input as a dispatch of its own or folded into the link
 //! (`chain.rs`).
 //!
+//! `vulkan moe [DEVICE] [EXPERTS] [LAYERS] [GROUPS ...]`: a decode step's MoE block (norm,
+//! router, ranking, gate/up, down + combine) as one dispatch of GROUPS resident
+//! workgroups with grid barriers against five dependent dispatches (`moe.rs`).
+//!
 //! `vulkan stats [DEVICE] [TUNING ...]`: what the driver reports about each compiled
 //! matmul-family kernel and the decode step's other kernels (registers, spill/local
 //! memory, shared memory, ... as the driver names them) through
@@ -50,6 +54,7 @@ mod chain;
 mod delta;
 mod e2e;
 mod kernels;
+mod moe;
 mod stats;
 
 use kernels::{kernels, SHAPES, TUNINGS, TUNING_SYNTAX, TYPES};
@@ -125,6 +130,19 @@ fn main() {
             attention::attention(device, prefill, &contexts)
         }
         Some("chain") => chain::chain(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
+        Some("moe") => {
+            let num = |i: usize, what: &str, or: usize| {
+                args.get(i).map_or(or, |a| {
+                    a.parse().unwrap_or_else(|_| fail(2, format!("{what} `{a}` is not a number")))
+                })
+            };
+            let groups: Vec<u32> = (4..args.len()).map(|i| num(i, "GROUPS", 0) as u32).collect();
+            if groups.contains(&0) {
+                fail(2, "GROUPS must be at least 1".into());
+            }
+            let groups = if groups.is_empty() { vec![132, 264, 528] } else { groups };
+            moe::moe(num(1, "DEVICE", 0), num(2, "EXPERTS", 128), num(3, "LAYERS", 3), &groups)
+        }
         Some("delta") => delta::delta(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
         Some("stats") => {
             let device = args.get(1).map_or(Ok(0), |s| s.parse());
@@ -136,7 +154,7 @@ fn main() {
         _ => {
             let shapes: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [{TUNING_SYNTAX} ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan chain [DEVICE] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [{TUNING_SYNTAX} ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [{TUNING_SYNTAX} ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan chain [DEVICE] | vulkan moe [DEVICE] [EXPERTS] [LAYERS] [GROUPS ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [{TUNING_SYNTAX} ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
                 shapes.join("|")
             );
             std::process::exit(2);

@@ -18,12 +18,12 @@ use crate::fail;
 use crate::kernels::TYPES;
 
 /// What a driver reports about one executable (a compiled shader stage) of a pipeline.
-struct Executable {
-    name: String,
-    description: String,
-    subgroup_size: u32,
+pub(crate) struct Executable {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    pub(crate) subgroup_size: u32,
     /// (name, description, value) of every statistic, in the driver's order.
-    stats: Vec<(String, String, String)>,
+    pub(crate) stats: Vec<(String, String, String)>,
 }
 
 /// A driver-written, NUL-terminated name or description.
@@ -105,7 +105,7 @@ fn executables(device: &Device, pipeline: vk::Pipeline) -> Result<Vec<Executable
 /// = `spec`, none without it) with `layout`, as `Kernels::new` does but with
 /// `CAPTURE_STATISTICS_KHR`, and returns what the driver reports about it; the pipeline is
 /// destroyed before returning.
-fn pipeline_stats(
+pub(crate) fn pipeline_stats(
     device: &Device,
     module: &ShaderModule,
     layout: &PipelineLayout,

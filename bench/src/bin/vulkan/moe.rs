@@ -1,0 +1,464 @@
+//! `vulkan moe [DEVICE] [EXPERTS] [LAYERS] [GROUPS ...]`: a decode step's MoE block
+//! (RMSNorm, router, ranking, expert gate/up + SiLU, down + combine + residual; m=1,
+//! bf16, Qwen3-30B-A3B's hidden 2048 and expert intermediate 768, top 8 of EXPERTS,
+//! default 128) fused into one dispatch of GROUPS resident workgroups meeting at two grid
+//! barriers (`shaders/moe_block.comp`), against the same per-row code as five dependent
+//! dispatches ordered by pipeline barriers, as the executor records a device-routed
+//! block. Blocks cycle through LAYERS layers of distinct weights (default 3: 3.6 GB at
+//! 128 experts, more than the L2 cache), each block routing its own input. Both orderings'
+//! final residuals are checked byte for byte, and the first block against an f64
+//! reference on the host; then µs a block and GB/s of the weights a block reads.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ash::vk;
+use vulkano::buffer::{BufferUsage, Subbuffer};
+use vulkano::command_buffer::{
+    AutoCommandBufferBuilder, CommandBuffer, CommandBufferBeginInfo, CommandBufferLevel, CommandBufferUsage,
+    CopyBufferInfo, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
+};
+use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
+use vulkano::pipeline::compute::ComputePipelineCreateInfo;
+use vulkano::pipeline::layout::PipelineDescriptorSetLayoutCreateInfo;
+use vulkano::pipeline::{
+    ComputePipeline, Pipeline, PipelineBindPoint, PipelineLayout, PipelineShaderStageCreateInfo,
+};
+use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo, SpecializationConstant};
+use vulkano::sync::fence::{Fence, FenceCreateInfo};
+use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
+use vulkano::VulkanObject;
+
+use smoe_actors::vulkan::harness::{device_buffer, host_buffer, upload};
+use smoe_actors::vulkan::{spirv, VulkanContext};
+
+use crate::fail;
+
+/// Hidden size, expert intermediate size, experts per token (`shaders/moe_block.comp`).
+const H: usize = 2048;
+const I: usize = 768;
+const K: usize = 8;
+/// Experts the kernel ranks at most.
+const MAX_E: usize = 256;
+/// Floats of the io buffer: x, xn, logits, h, ranked experts, weights.
+const IO_LEN: usize = 2 * H + MAX_E + K * I + 2 * K;
+/// The kernel's `phase` that runs the whole block.
+const PERSIST: u32 = 5;
+/// Blocks per timed command buffer.
+const BLOCKS: usize = 48;
+
+/// The push constants of `shaders/moe_block.comp`.
+#[derive(Clone, Copy, Default, vulkano::buffer::BufferContents)]
+#[repr(C)]
+struct Params {
+    layer4: u32,
+    ne: u32,
+    phase: u32,
+    bar: u32,
+    stop: u32,
+}
+
+/// How a block's stages are ordered.
+#[derive(Clone, Copy, PartialEq)]
+enum Order {
+    /// Five dispatches with a pipeline barrier after each (the executor's way).
+    Phases,
+    /// One dispatch of this many workgroups with grid barriers, the kernel specialised
+    /// `LIGHT` (fewer registers) or not.
+    Persist(u32, bool),
+    /// [`Order::Persist`] (not LIGHT) returning after stage `stop` (1: the norm; 2: the
+    /// router and its grid barrier; 3: the ranking, gate/up and its grid barrier): what
+    /// the block's prefixes take (wrong results; timed only).
+    Prefix(u32, u32),
+}
+
+impl Order {
+    fn label(self) -> String {
+        match self {
+            Order::Phases => "five dispatches, pipeline barriers".into(),
+            Order::Persist(g, light) => format!(
+                "one dispatch of {g} workgroups, two grid barriers{}",
+                if light { ", LIGHT" } else { "" }
+            ),
+            Order::Prefix(g, stop) => format!(
+                "one dispatch of {g} workgroups, only up to {}",
+                ["", "the norm", "the router's grid barrier", "the gate/up's grid barrier"][stop as usize]
+            ),
+        }
+    }
+}
+
+/// bf16 bits of `n` values uniform in ±0.05 (the tests' fill, rounded toward zero).
+fn bf16_fill(n: usize, seed: u64) -> Vec<u16> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let v = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
+            (v.to_bits() >> 16) as u16
+        })
+        .collect()
+}
+
+fn bf16(b: u16) -> f64 {
+    f32::from_bits((b as u32) << 16) as f64
+}
+
+/// The residual before the first block.
+fn initial_x() -> Vec<f32> {
+    (0..H).map(|i| ((i % 97) as f32 - 48.0) / 48.0).collect()
+}
+
+/// The pipeline, one weight buffer per layer and the shared buffers.
+struct Block {
+    ctx: Arc<VulkanContext>,
+    module: Arc<ShaderModule>,
+    /// The kernel, and specialised LIGHT.
+    pipeline: Arc<ComputePipeline>,
+    light: Arc<ComputePipeline>,
+    sets: Vec<Arc<DescriptorSet>>,
+    io: Subbuffer<[u8]>,
+    counts: Subbuffer<[u32]>,
+    ne: usize,
+    /// Layer 0's weights on the host (the reference).
+    layer0: Vec<u16>,
+    norm: Vec<f32>,
+}
+
+impl Block {
+    fn new(ctx: Arc<VulkanContext>, ne: usize, layers: usize) -> Block {
+        let d = &ctx.device;
+        let words = spirv("moe_block").unwrap_or_else(|e| fail(1, e.to_string()));
+        // SAFETY: SPIR-V compiled by glslc from shaders/moe_block.comp.
+        let module =
+            unsafe { ShaderModule::new(d.clone(), ShaderModuleCreateInfo::new(&words)) }.expect("module");
+        let stage = PipelineShaderStageCreateInfo::new(module.entry_point("main").expect("main"));
+        let layout = PipelineLayout::new(
+            d.clone(),
+            PipelineDescriptorSetLayoutCreateInfo::from_stages([&stage])
+                .into_pipeline_layout_create_info(d.clone())
+                .expect("layout info"),
+        )
+        .expect("layout");
+        let pipeline = |light: bool| {
+            let entry = module
+                .specialize([(0, SpecializationConstant::Bool(light))].into_iter().collect())
+                .expect("specialize")
+                .entry_point("main")
+                .expect("main");
+            let info = ComputePipelineCreateInfo::stage_layout(
+                PipelineShaderStageCreateInfo::new(entry),
+                layout.clone(),
+            );
+            ComputePipeline::new(d.clone(), None, info).expect("pipeline")
+        };
+        let (light, pipeline) = (pipeline(true), pipeline(false));
+        let per_layer = ne * H + ne * 3 * I * H;
+        let bytes = (per_layer * 2) as u64;
+        if bytes > ctx.info.max_storage_buffer_range {
+            fail(
+                2,
+                format!(
+                    "a layer of {ne} experts is {bytes} bytes, more than this device binds at once ({}); name at most {} EXPERTS",
+                    ctx.info.max_storage_buffer_range,
+                    ctx.info.max_storage_buffer_range / ((H + 3 * I * H) * 2) as u64
+                ),
+            );
+        }
+        let norm: Vec<f32> = (0..H).map(|i| 0.5 + (i % 7) as f32 / 8.0).collect();
+        let dev = |data: &[u8]| {
+            let buf =
+                device_buffer::<u8>(&ctx, data.len() as u64, BufferUsage::STORAGE_BUFFER).expect("buffer");
+            upload(&ctx, &buf, data).expect("upload");
+            buf
+        };
+        let nw = dev(bytemuck::cast_slice(&norm));
+        let io = dev(bytemuck::cast_slice(&vec![0f32; IO_LEN]));
+        let counts = device_buffer::<u32>(
+            &ctx,
+            (2 * BLOCKS) as u64,
+            BufferUsage::STORAGE_BUFFER | BufferUsage::TRANSFER_DST,
+        )
+        .expect("counts");
+        let mut layer0 = Vec::new();
+        let sets = (0..layers)
+            .map(|l| {
+                let w = bf16_fill(per_layer, 11 + l as u64);
+                let buf = dev(bytemuck::cast_slice(&w));
+                if l == 0 {
+                    layer0 = w;
+                }
+                DescriptorSet::new(
+                    ctx.descriptors.clone(),
+                    pipeline.layout().set_layouts()[0].clone(),
+                    [
+                        WriteDescriptorSet::buffer(0, buf),
+                        WriteDescriptorSet::buffer(1, io.clone()),
+                        WriteDescriptorSet::buffer(2, counts.clone()),
+                        WriteDescriptorSet::buffer(3, nw.clone()),
+                    ],
+                    [],
+                )
+                .expect("set")
+            })
+            .collect();
+        Block { ctx, module, pipeline, light, sets, io, counts, ne, layer0, norm }
+    }
+
+    /// `blocks` blocks, block b on layer b % layers, ordered as `order` says.
+    fn record(&self, blocks: usize, order: Order) -> Arc<CommandBuffer> {
+        let ctx = &self.ctx;
+        let begin =
+            CommandBufferBeginInfo { usage: CommandBufferUsage::MultipleSubmit, ..Default::default() };
+        let mut cb = RecordingCommandBuffer::new(
+            ctx.commands.clone(),
+            ctx.compute.queue_family_index(),
+            CommandBufferLevel::Primary,
+            begin,
+        )
+        .expect("recording");
+        let barrier = |src: PipelineStages, src_access: AccessFlags| DependencyInfo {
+            memory_barriers: [MemoryBarrier {
+                src_stages: src,
+                src_access,
+                dst_stages: PipelineStages::COMPUTE_SHADER,
+                dst_access: AccessFlags::SHADER_READ | AccessFlags::SHADER_WRITE,
+                ..Default::default()
+            }]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        };
+        let layout = self.pipeline.layout();
+        let ne = self.ne as u32;
+        // SAFETY: the kernel's indices are bounded by the push constants (ne ≤ MAX_E, the
+        // layer's weights in its own binding, barrier counts below 2 · BLOCKS), which
+        // match the buffers' sizes; the counts are zeroed first.
+        unsafe {
+            cb.fill_buffer_unchecked(&self.counts, 0);
+            cb.pipeline_barrier_unchecked(&barrier(
+                PipelineStages::ALL_TRANSFER,
+                AccessFlags::TRANSFER_WRITE,
+            ));
+            let pipeline = if let Order::Persist(_, true) = order { &self.light } else { &self.pipeline };
+            cb.bind_pipeline_compute_unchecked(pipeline);
+            for b in 0..blocks {
+                let set = &self.sets[b % self.sets.len()];
+                cb.bind_descriptor_sets_unchecked(
+                    PipelineBindPoint::Compute,
+                    layout,
+                    0,
+                    &[set.as_raw()],
+                    &[],
+                );
+                let stop = if let Order::Prefix(_, stop) = order { stop } else { 0 };
+                let p = Params { layer4: 0, ne, phase: 0, bar: (2 * b) as u32, stop };
+                let dispatches: Vec<(u32, u32)> = match order {
+                    Order::Persist(g, _) | Order::Prefix(g, _) => vec![(PERSIST, g)],
+                    Order::Phases => vec![
+                        (0, 1),
+                        (1, ne.div_ceil(8)),
+                        (2, 1),
+                        (3, (K * I / 8) as u32),
+                        (4, (H / 8) as u32),
+                    ],
+                };
+                for (phase, groups) in dispatches {
+                    cb.push_constants_unchecked(layout, 0, &Params { phase, ..p });
+                    cb.dispatch_unchecked([groups, 1, 1]);
+                    cb.pipeline_barrier_unchecked(&barrier(
+                        PipelineStages::COMPUTE_SHADER,
+                        AccessFlags::SHADER_WRITE,
+                    ));
+                }
+            }
+            Arc::new(cb.end().expect("end"))
+        }
+    }
+
+    /// Submits `cb` and waits for it; the wall time.
+    fn run(&self, cb: &CommandBuffer, fence: &Fence) -> Duration {
+        let fns = self.ctx.device.fns();
+        let handle = cb.handle();
+        let submit = vk::SubmitInfo::default().command_buffers(std::slice::from_ref(&handle));
+        let t = Instant::now();
+        // SAFETY: the command buffer is not executing (every submission is waited for),
+        // and nothing else uses the queue in this program meanwhile.
+        let r = unsafe { (fns.v1_0.queue_submit)(self.ctx.compute.handle(), 1, &submit, fence.handle()) };
+        assert_eq!(r, vk::Result::SUCCESS, "queue submit");
+        fence.wait(None).expect("fence wait");
+        let d = t.elapsed();
+        // SAFETY: the fence's submission has completed.
+        unsafe { fence.reset() }.expect("fence reset");
+        d
+    }
+
+    /// The io buffer after `blocks` blocks from the initial residual.
+    fn result(&self, blocks: usize, order: Order, fence: &Fence) -> Vec<f32> {
+        let mut io = vec![0f32; IO_LEN];
+        io[..H].copy_from_slice(&initial_x());
+        upload(&self.ctx, &self.io, bytemuck::cast_slice(&io)).expect("upload");
+        self.run(&self.record(blocks, order), fence);
+        let host = host_buffer::<u8>(&self.ctx, self.io.len(), BufferUsage::empty()).expect("readback");
+        let mut b = AutoCommandBufferBuilder::primary(
+            self.ctx.commands.clone(),
+            self.ctx.compute.queue_family_index(),
+            CommandBufferUsage::OneTimeSubmit,
+        )
+        .expect("builder");
+        b.copy_buffer(CopyBufferInfo::buffers(self.io.clone(), host.clone())).expect("copy");
+        b.build()
+            .expect("build")
+            .execute(self.ctx.compute.clone())
+            .expect("execute")
+            .then_signal_fence_and_flush()
+            .expect("flush")
+            .wait(None)
+            .expect("wait");
+        let bytes = host.read().expect("read");
+        bytemuck::cast_slice(&bytes[..]).to_vec()
+    }
+
+    /// One block of layer 0 from the initial residual in f64: the ranked experts and the
+    /// residual after it.
+    fn reference(&self) -> (Vec<usize>, Vec<f64>) {
+        let w = &self.layer0;
+        let x: Vec<f64> = initial_x().iter().map(|&v| v as f64).collect();
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / H as f64;
+        let r = 1.0 / (ms + 1e-6).sqrt();
+        let xn: Vec<f64> = x.iter().zip(&self.norm).map(|(v, n)| *n as f64 * (v * r)).collect();
+        let dot = |at: usize, v: &[f64]| v.iter().enumerate().map(|(j, x)| bf16(w[at + j]) * x).sum::<f64>();
+        let logits: Vec<f64> = (0..self.ne).map(|e| dot(e * H, &xn)).collect();
+        let mx = logits.iter().cloned().fold(f64::MIN, f64::max);
+        let mut ranked: Vec<usize> = (0..self.ne).collect();
+        ranked.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        ranked.truncate(K);
+        let p: Vec<f64> = ranked.iter().map(|&e| (logits[e] - mx).exp()).collect();
+        let sum: f64 = p.iter().sum();
+        let expert = |e: usize| self.ne * H + e * 3 * I * H;
+        let h: Vec<Vec<f64>> = ranked
+            .iter()
+            .map(|&e| {
+                (0..I)
+                    .map(|j| {
+                        let g = dot(expert(e) + j * H, &xn);
+                        let u = dot(expert(e) + I * H + j * H, &xn);
+                        g / (1.0 + (-g).exp()) * u
+                    })
+                    .collect()
+            })
+            .collect();
+        let out = (0..H)
+            .map(|i| {
+                x[i] + (0..K)
+                    .map(|k| p[k] / sum * dot(expert(ranked[k]) + 2 * I * H + i * I, &h[k]))
+                    .sum::<f64>()
+            })
+            .collect();
+        (ranked, out)
+    }
+}
+
+/// Runs the comparison on device `index` and prints µs a block for each ordering.
+pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
+    if !(K..=MAX_E).contains(&ne) {
+        fail(2, format!("EXPERTS must be {K} to {MAX_E}, not {ne}"));
+    }
+    let ctx = VulkanContext::new(index).unwrap_or_else(|e| fail(1, e.to_string()));
+    println!("device: {}", ctx.info.name);
+    let fence = Fence::new(ctx.device.clone(), FenceCreateInfo::default()).expect("fence");
+    let b = Block::new(ctx.clone(), ne, layers.max(1));
+    // What the driver reports about the kernel (registers and shared memory decide how
+    // many workgroups an SM holds, so which GROUPS can all be resident).
+    let dev = &ctx.device;
+    if dev.enabled_extensions().khr_pipeline_executable_properties
+        && dev.enabled_features().pipeline_executable_info
+    {
+        for light in [false, true] {
+            let spec = [light as u32, 0, 0, 0];
+            match crate::stats::pipeline_stats(dev, &b.module, b.pipeline.layout(), Some(spec)) {
+                Ok(exes) => {
+                    for e in exes {
+                        let stats: Vec<String> = e.stats.iter().map(|(n, _, v)| format!("{n} {v}")).collect();
+                        let l = if light { " LIGHT" } else { "" };
+                        println!(
+                            "moe_block{l} `{}` (subgroup {}): {}",
+                            e.name,
+                            e.subgroup_size,
+                            stats.join(", ")
+                        );
+                    }
+                }
+                Err(e) => println!("moe_block statistics: {e}"),
+            }
+        }
+    }
+    let (ranked, want) = b.reference();
+    let one = b.result(1, Order::Phases, &fence);
+    let got_ranked: Vec<usize> =
+        one[2 * H + MAX_E + K * I..][..K].iter().map(|v| v.to_bits() as usize).collect();
+    let err = (0..H).map(|i| (one[i] as f64 - want[i]).abs()).fold(0.0, f64::max);
+    let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
+    println!(
+        "first block against the f64 reference: experts {} ({:?}), max |error| {err:.3e} of max |x| {scale:.3}",
+        if got_ranked == ranked { "equal" } else { "DIFFER" },
+        got_ranked
+    );
+    let reference = b.result(BLOCKS, Order::Phases, &fence);
+    let mut orders = vec![Order::Phases];
+    for (&g, light) in groups.iter().flat_map(|g| [(g, false), (g, true)]) {
+        // Workgroups that are not all resident at once make the grid barrier give up
+        // after its polls (slowly): such an ordering is reported and not timed.
+        let o = Order::Persist(g, light);
+        let t = Instant::now();
+        let same = b.result(BLOCKS, o, &fence)[..H] == reference[..H];
+        let slow = t.elapsed() > Duration::from_secs(2);
+        println!(
+            "{}: residual after {BLOCKS} blocks {} the phases'{}",
+            o.label(),
+            if same { "byte-identical to" } else { "DIFFERS from" },
+            if slow { " and took over 2 s: not all resident, not timed" } else { "" }
+        );
+        if same && !slow {
+            orders.push(o);
+        }
+    }
+    let prefixes: Vec<Order> = orders
+        .iter()
+        .filter_map(|o| match *o {
+            Order::Persist(g, false) => Some((1..=3).map(move |stop| Order::Prefix(g, stop))),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    orders.extend(prefixes);
+    let cbs: Vec<Arc<CommandBuffer>> = orders.iter().map(|&o| b.record(BLOCKS, o)).collect();
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        b.run(&cbs[0], &fence);
+    }
+    let mut times = vec![Vec::new(); orders.len()];
+    for _ in 0..7 {
+        for (t, cb) in times.iter_mut().zip(&cbs) {
+            t.push(b.run(cb, &fence).as_secs_f64());
+        }
+    }
+    let bytes = ((ne * H + K * 3 * I * H) * 2) as f64;
+    let mut base = 0.0;
+    for (o, mut t) in orders.iter().zip(times) {
+        t.sort_by(f64::total_cmp);
+        let per = t[3] / BLOCKS as f64;
+        if *o == Order::Phases {
+            base = per;
+        }
+        println!(
+            "{ne} experts, {layers} layers: {}: {:.2} us a block, {:.0} GB/s of weights ({:.2}x the phases)",
+            o.label(),
+            per * 1e6,
+            bytes / per / 1e9,
+            base / per
+        );
+    }
+}
