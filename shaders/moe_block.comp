@@ -37,10 +37,6 @@ layout(local_size_x = 256) in;
 #define MAX_E 256u       // experts at most
 #define GROUPS 8u        // lane groups (rows) per workgroup
 #define PERSIST 5u
-// LIGHT (specialization constant 0): gate and up loaded one after the other, and the down
-// projection's ranks two at a time instead of four: fewer registers, so more workgroups
-// an SM, with fewer loads in flight each.
-layout(constant_id = 0) const bool LIGHT = false;
 
 // bf16 weights of every layer: per layer the router [E][H], then per expert gate [I][H],
 // up [I][H], down [H][I].
@@ -69,9 +65,8 @@ layout(push_constant) uniform Params {
                   // a prefix: 1 norm, 2 router + grid barrier, 3 ranking + gate/up + grid barrier)
 } pc;
 
-// xn (norm to gate/up), then h (down): one array, so that a workgroup's shared memory
-// stays under 32 KiB.
-shared vec4 xh4[K * I / 4u];
+// xn (norm to gate/up), then four ranks of h at a time (down): one array.
+shared vec4 xh4[4u * I / 4u];
 #define xs4 xh4
 #define hs4 xh4
 shared float red[256];
@@ -254,23 +249,17 @@ void gate_up_rows(uint g, uint groups) {
         uint g4 = expert4(e) + j * H4;
         precise float ag = 0.0;
         precise float au = 0.0;
-        if (LIGHT) {
-            // Gate, then up: half the weights in registers at once.
-            ag = hidden_dot(g4);
-            au = hidden_dot(g4 + I * H4);
-        } else {
-            uvec4 qg[8];
-            uvec4 qu[8];
-            FOR8(c, qg[c] = w4[g4 + lane() + 32u * c];)
-            FOR8(c, qu[c] = w4[g4 + I * H4 + lane() + 32u * c];)
-            FOR8(c, {
-                uint at = 2u * (lane() + 32u * c);
-                vec4 x0 = xs4[at];
-                vec4 x1 = xs4[at + 1u];
-                mac8(qg[c], x0, x1, ag);
-                mac8(qu[c], x0, x1, au);
-            })
-        }
+        uvec4 qg[8];
+        uvec4 qu[8];
+        FOR8(c, qg[c] = w4[g4 + lane() + 32u * c];)
+        FOR8(c, qu[c] = w4[g4 + I * H4 + lane() + 32u * c];)
+        FOR8(c, {
+            uint at = 2u * (lane() + 32u * c);
+            vec4 x0 = xs4[at];
+            vec4 x1 = xs4[at + 1u];
+            mac8(qg[c], x0, x1, ag);
+            mac8(qu[c], x0, x1, au);
+        })
         ag = row_tree(ag);
         au = row_tree(au);
         uint want = (k * groups + g) * GROUPS + group();
@@ -281,54 +270,47 @@ void gate_up_rows(uint g, uint groups) {
     }
 }
 
-// Down rows (H) of this workgroup with the combine and the residual.
+// Down rows (H) of this workgroup with the combine and the residual: two rows of a lane
+// group at a time, each rank's dot product into y; h passes through shared memory four
+// ranks at a time (12 KiB, which also holds xn before), so that a workgroup's shared
+// memory stays small.
 void down_rows(uint g, uint groups) {
-    FOR8(j, { if (j < 6u) { hs4[tid() + 256u * j] = io4[IO_H / 4u + tid() + 256u * j]; } })
-    barrier();
     uint rounds = (H + GROUPS * groups - 1u) / (GROUPS * groups);
-    for (uint k = 0u; k < rounds; k++) {
-        uint row = min((k * groups + g) * GROUPS + group(), H - 1u);
-        float y[K];
-        // Rank rk's weights of this row into q[slot] (three chunks a lane), then its dot
-        // product with h into y[rk].
-#define DOWN_LOAD(rk, slot)                                                             \
-    {                                                                                   \
-        uint d4 = expert4(order[rk]) + 2u * I * H4 + row * I4;                          \
-        FOR2(c, q[slot][c] = w4[d4 + lane() + 32u * c];)                                \
-        q[slot][2] = w4[d4 + lane() + 64u];                                             \
-    }
-#define DOWN_DOT(rk, slot)                                                              \
-    {                                                                                   \
-        precise float acc = 0.0;                                                        \
-        uint hb = (rk) * I;                                                             \
-        FOR2(c, {                                                                       \
-            uint at = (hb + 8u * (lane() + 32u * c)) / 4u;                              \
-            mac8(q[slot][c], hs4[at], hs4[at + 1u], acc);                               \
-        })                                                                              \
-        uint at = (hb + 8u * (lane() + 64u)) / 4u;                                      \
-        mac8(q[slot][2], hs4[at], hs4[at + 1u], acc);                                   \
-        y[rk] = row_tree(acc);                                                          \
-    }
-        if (LIGHT) {
-            FOR4(qq, {
-                uvec4 q[2][3];
-                FOR2(r, DOWN_LOAD(2u * qq + r, r))
-                FOR2(r, DOWN_DOT(2u * qq + r, r))
-            })
-        } else {
-            FOR2(qq, {
+    for (uint k0 = 0u; k0 < rounds; k0 += 2u) {
+        float y[2][K];
+        FOR2(hf, {
+            barrier();
+            FOR4(j, { if (j < 3u) { hs4[tid() + 256u * j] = io4[IO_H / 4u + hf * (4u * I / 4u) + tid() + 256u * j]; } })
+            barrier();
+            FOR2(j, if (k0 + j < rounds) {
+                uint row = min(((k0 + j) * groups + g) * GROUPS + group(), H - 1u);
                 uvec4 q[4][3];
-                FOR4(r, DOWN_LOAD(4u * qq + r, r))
-                FOR4(r, DOWN_DOT(4u * qq + r, r))
+                FOR4(r, {
+                    uint d4 = expert4(order[4u * hf + r]) + 2u * I * H4 + row * I4;
+                    FOR2(c, q[r][c] = w4[d4 + lane() + 32u * c];)
+                    q[r][2] = w4[d4 + lane() + 64u];
+                })
+                FOR4(r, {
+                    precise float acc = 0.0;
+                    FOR2(c, {
+                        uint at = (r * I + 8u * (lane() + 32u * c)) / 4u;
+                        mac8(q[r][c], hs4[at], hs4[at + 1u], acc);
+                    })
+                    uint at = (r * I + 8u * (lane() + 64u)) / 4u;
+                    mac8(q[r][2], hs4[at], hs4[at + 1u], acc);
+                    y[j][4u * hf + r] = row_tree(acc);
+                })
             })
-        }
-        uint want = (k * groups + g) * GROUPS + group();
-        if (want < H && lane() == 0u) {
-            precise float a = 0.0;
-            FOR8(r, a = a + y[r] * wts[r];)
-            precise float x = io[IO_X + row] + a;
-            io[IO_X + row] = x;
-        }
+        })
+        FOR2(j, {
+            uint want = ((k0 + j) * groups + g) * GROUPS + group();
+            if (k0 + j < rounds && want < H && lane() == 0u) {
+                precise float a = 0.0;
+                FOR8(r, a = a + y[j][r] * wts[r];)
+                precise float x = io[IO_X + want] + a;
+                io[IO_X + want] = x;
+            }
+        })
     }
 }
 

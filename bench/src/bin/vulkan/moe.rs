@@ -24,7 +24,7 @@ use vulkano::pipeline::layout::PipelineDescriptorSetLayoutCreateInfo;
 use vulkano::pipeline::{
     ComputePipeline, Pipeline, PipelineBindPoint, PipelineLayout, PipelineShaderStageCreateInfo,
 };
-use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo, SpecializationConstant};
+use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
 use vulkano::sync::fence::{Fence, FenceCreateInfo};
 use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
 use vulkano::VulkanObject;
@@ -63,10 +63,9 @@ struct Params {
 enum Order {
     /// Five dispatches with a pipeline barrier after each (the executor's way).
     Phases,
-    /// One dispatch of this many workgroups with grid barriers, the kernel specialised
-    /// `LIGHT` (fewer registers) or not.
-    Persist(u32, bool),
-    /// [`Order::Persist`] (not LIGHT) returning after stage `stop` (1: the norm; 2: the
+    /// One dispatch of this many workgroups with grid barriers.
+    Persist(u32),
+    /// [`Order::Persist`] returning after stage `stop` (1: the norm; 2: the
     /// router and its grid barrier; 3: the ranking, gate/up and its grid barrier): what
     /// the block's prefixes take (wrong results; timed only).
     Prefix(u32, u32),
@@ -76,10 +75,7 @@ impl Order {
     fn label(self) -> String {
         match self {
             Order::Phases => "five dispatches, pipeline barriers".into(),
-            Order::Persist(g, light) => format!(
-                "one dispatch of {g} workgroups, two grid barriers{}",
-                if light { ", LIGHT" } else { "" }
-            ),
+            Order::Persist(g) => format!("one dispatch of {g} workgroups, two grid barriers"),
             Order::Prefix(g, stop) => format!(
                 "one dispatch of {g} workgroups, only up to {}",
                 ["", "the norm", "the router's grid barrier", "the gate/up's grid barrier"][stop as usize]
@@ -115,9 +111,7 @@ fn initial_x() -> Vec<f32> {
 struct Block {
     ctx: Arc<VulkanContext>,
     module: Arc<ShaderModule>,
-    /// The kernel, and specialised LIGHT.
     pipeline: Arc<ComputePipeline>,
-    light: Arc<ComputePipeline>,
     sets: Vec<Arc<DescriptorSet>>,
     io: Subbuffer<[u8]>,
     counts: Subbuffer<[u32]>,
@@ -142,19 +136,12 @@ impl Block {
                 .expect("layout info"),
         )
         .expect("layout");
-        let pipeline = |light: bool| {
-            let entry = module
-                .specialize([(0, SpecializationConstant::Bool(light))].into_iter().collect())
-                .expect("specialize")
-                .entry_point("main")
-                .expect("main");
-            let info = ComputePipelineCreateInfo::stage_layout(
-                PipelineShaderStageCreateInfo::new(entry),
-                layout.clone(),
-            );
-            ComputePipeline::new(d.clone(), None, info).expect("pipeline")
-        };
-        let (light, pipeline) = (pipeline(true), pipeline(false));
+        let pipeline = ComputePipeline::new(
+            d.clone(),
+            None,
+            ComputePipelineCreateInfo::stage_layout(stage, layout.clone()),
+        )
+        .expect("pipeline");
         let per_layer = ne * H + ne * 3 * I * H;
         let bytes = (per_layer * 2) as u64;
         if bytes > ctx.info.max_storage_buffer_range {
@@ -204,7 +191,7 @@ impl Block {
                 .expect("set")
             })
             .collect();
-        Block { ctx, module, pipeline, light, sets, io, counts, ne, layer0, norm }
+        Block { ctx, module, pipeline, sets, io, counts, ne, layer0, norm }
     }
 
     /// `blocks` blocks, block b on layer b % layers, ordered as `order` says.
@@ -242,8 +229,7 @@ impl Block {
                 PipelineStages::ALL_TRANSFER,
                 AccessFlags::TRANSFER_WRITE,
             ));
-            let pipeline = if let Order::Persist(_, true) = order { &self.light } else { &self.pipeline };
-            cb.bind_pipeline_compute_unchecked(pipeline);
+            cb.bind_pipeline_compute_unchecked(&self.pipeline);
             for b in 0..blocks {
                 let set = &self.sets[b % self.sets.len()];
                 cb.bind_descriptor_sets_unchecked(
@@ -256,7 +242,7 @@ impl Block {
                 let stop = if let Order::Prefix(_, stop) = order { stop } else { 0 };
                 let p = Params { layer4: 0, ne, phase: 0, bar: (2 * b) as u32, stop };
                 let dispatches: Vec<(u32, u32)> = match order {
-                    Order::Persist(g, _) | Order::Prefix(g, _) => vec![(PERSIST, g)],
+                    Order::Persist(g) | Order::Prefix(g, _) => vec![(PERSIST, g)],
                     Order::Phases => vec![
                         (0, 1),
                         (1, ne.div_ceil(8)),
@@ -376,23 +362,14 @@ pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
     if dev.enabled_extensions().khr_pipeline_executable_properties
         && dev.enabled_features().pipeline_executable_info
     {
-        for light in [false, true] {
-            let spec = [light as u32, 0, 0, 0];
-            match crate::stats::pipeline_stats(dev, &b.module, b.pipeline.layout(), Some(spec)) {
-                Ok(exes) => {
-                    for e in exes {
-                        let stats: Vec<String> = e.stats.iter().map(|(n, _, v)| format!("{n} {v}")).collect();
-                        let l = if light { " LIGHT" } else { "" };
-                        println!(
-                            "moe_block{l} `{}` (subgroup {}): {}",
-                            e.name,
-                            e.subgroup_size,
-                            stats.join(", ")
-                        );
-                    }
+        match crate::stats::pipeline_stats(dev, &b.module, b.pipeline.layout(), None) {
+            Ok(exes) => {
+                for e in exes {
+                    let stats: Vec<String> = e.stats.iter().map(|(n, _, v)| format!("{n} {v}")).collect();
+                    println!("moe_block `{}` (subgroup {}): {}", e.name, e.subgroup_size, stats.join(", "));
                 }
-                Err(e) => println!("moe_block statistics: {e}"),
             }
+            Err(e) => println!("moe_block statistics: {e}"),
         }
     }
     let (ranked, want) = b.reference();
@@ -408,10 +385,10 @@ pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
     );
     let reference = b.result(BLOCKS, Order::Phases, &fence);
     let mut orders = vec![Order::Phases];
-    for (&g, light) in groups.iter().flat_map(|g| [(g, false), (g, true)]) {
+    for &g in groups {
         // Workgroups that are not all resident at once make the grid barrier give up
         // after its polls (slowly): such an ordering is reported and not timed.
-        let o = Order::Persist(g, light);
+        let o = Order::Persist(g);
         let t = Instant::now();
         let same = b.result(BLOCKS, o, &fence)[..H] == reference[..H];
         let slow = t.elapsed() > Duration::from_secs(2);
@@ -428,7 +405,7 @@ pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
     let prefixes: Vec<Order> = orders
         .iter()
         .filter_map(|o| match *o {
-            Order::Persist(g, false) => Some((1..=3).map(move |stop| Order::Prefix(g, stop))),
+            Order::Persist(g) => Some((1..=3).map(move |stop| Order::Prefix(g, stop))),
             _ => None,
         })
         .flatten()
