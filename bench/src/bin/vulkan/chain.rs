@@ -26,28 +26,24 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ash::vk;
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{
-    AutoCommandBufferBuilder, CommandBuffer, CommandBufferBeginInfo, CommandBufferLevel, CommandBufferUsage,
-    CopyBufferInfo, PrimaryAutoCommandBuffer, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
+    AutoCommandBufferBuilder, CommandBuffer, CommandBufferUsage, PrimaryAutoCommandBuffer,
+    PrimaryCommandBufferAbstract,
 };
 use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
 use vulkano::pipeline::compute::ComputePipelineCreateInfo;
-use vulkano::pipeline::layout::PipelineDescriptorSetLayoutCreateInfo;
-use vulkano::pipeline::{
-    ComputePipeline, Pipeline, PipelineBindPoint, PipelineLayout, PipelineShaderStageCreateInfo,
-};
-use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo, SpecializationConstant};
+use vulkano::pipeline::{ComputePipeline, Pipeline, PipelineBindPoint, PipelineShaderStageCreateInfo};
+use vulkano::shader::SpecializationConstant;
 use vulkano::sync::fence::{Fence, FenceCreateInfo};
-use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
-use vulkano::VulkanObject;
+use vulkano::sync::{AccessFlags, PipelineStages};
 
-use smoe_actors::vulkan::harness::{device_buffer, host_buffer, upload};
-use smoe_actors::vulkan::{spirv, VulkanContext};
+use smoe_actors::vulkan::harness::{device_buffer, upload};
+use smoe_actors::vulkan::VulkanContext;
 
 use crate::fail;
 use crate::kernels::fill;
+use crate::raw;
 
 /// Links per chain (a decode layer records about twelve dependent dispatches).
 const LINKS: usize = 12;
@@ -258,18 +254,7 @@ impl Chain {
     /// The pipeline and buffers for chains of `reps` runs of [`LINKS`] links of `rows` rows.
     fn new(ctx: Arc<VulkanContext>, rows: usize, reps: usize) -> Chain {
         let d = &ctx.device;
-        let words = spirv("chain").unwrap_or_else(|e| fail(1, e.to_string()));
-        // SAFETY: SPIR-V compiled by glslc from shaders/chain.comp.
-        let module =
-            unsafe { ShaderModule::new(d.clone(), ShaderModuleCreateInfo::new(&words)) }.expect("module");
-        let stage = PipelineShaderStageCreateInfo::new(module.entry_point("main").expect("main"));
-        let layout = PipelineLayout::new(
-            d.clone(),
-            PipelineDescriptorSetLayoutCreateInfo::from_stages([&stage])
-                .into_pipeline_layout_create_info(d.clone())
-                .expect("layout info"),
-        )
-        .expect("layout");
+        let (module, layout) = raw::module_and_layout(&ctx, "chain");
         let footprints = FOOTPRINT_KIB
             .iter()
             .map(|&kib| {
@@ -324,27 +309,8 @@ impl Chain {
             return Recorded::Auto(self.record_auto(rows, reps, own_weights));
         }
         let ctx = &self.ctx;
-        let begin =
-            CommandBufferBeginInfo { usage: CommandBufferUsage::MultipleSubmit, ..Default::default() };
-        let mut cb = RecordingCommandBuffer::new(
-            ctx.commands.clone(),
-            ctx.compute.queue_family_index(),
-            CommandBufferLevel::Primary,
-            begin,
-        )
-        .expect("recording");
-        let barrier = |src: PipelineStages, src_access: AccessFlags| DependencyInfo {
-            memory_barriers: [MemoryBarrier {
-                src_stages: src,
-                src_access,
-                dst_stages: PipelineStages::COMPUTE_SHADER,
-                dst_access: AccessFlags::SHADER_READ | AccessFlags::SHADER_WRITE,
-                ..Default::default()
-            }]
-            .into_iter()
-            .collect(),
-            ..Default::default()
-        };
+        let mut cb = raw::recording(ctx);
+        let barrier = raw::to_compute;
         let layout = self.pipeline().layout();
         // The two pipelines a footprint ordering alternates.
         let alternate = match order {
@@ -467,42 +433,14 @@ impl Chain {
 
     /// Submits `cb` and waits for it; the wall time.
     fn run(&self, cb: &Recorded, fence: &Fence) -> Duration {
-        let fns = self.ctx.device.fns();
-        let handle = cb.raw().handle();
-        let submit = vk::SubmitInfo::default().command_buffers(std::slice::from_ref(&handle));
-        let t = Instant::now();
-        // SAFETY: the command buffer is not executing (every submission is waited for),
-        // and nothing else uses the queue in this program meanwhile.
-        let r = unsafe { (fns.v1_0.queue_submit)(self.ctx.compute.handle(), 1, &submit, fence.handle()) };
-        assert_eq!(r, vk::Result::SUCCESS, "queue submit");
-        fence.wait(None).expect("fence wait");
-        let d = t.elapsed();
-        // SAFETY: the fence's submission has completed.
-        unsafe { fence.reset() }.expect("fence reset");
-        d
+        raw::submit_wait(&self.ctx, cb.raw(), fence)
     }
 
     /// The bytes of the links' io regions (0 and 1; not a separate norm's) after one chain.
     fn result(&self, rows: usize, order: Order, fence: &Fence) -> Vec<u32> {
         upload(&self.ctx, &self.io, bytemuck::cast_slice(&initial_io())).expect("upload");
         self.run(&self.record(rows, 1, order), fence);
-        let host = host_buffer::<u8>(&self.ctx, self.io.len(), BufferUsage::empty()).expect("readback");
-        let mut b = AutoCommandBufferBuilder::primary(
-            self.ctx.commands.clone(),
-            self.ctx.compute.queue_family_index(),
-            CommandBufferUsage::OneTimeSubmit,
-        )
-        .expect("builder");
-        b.copy_buffer(CopyBufferInfo::buffers(self.io.clone(), host.clone())).expect("copy");
-        b.build()
-            .expect("build")
-            .execute(self.ctx.compute.clone())
-            .expect("execute")
-            .then_signal_fence_and_flush()
-            .expect("flush")
-            .wait(None)
-            .expect("wait");
-        let bytes = host.read().expect("read");
+        let bytes = raw::read_back(&self.ctx, &self.io);
         bytemuck::cast_slice(&bytes[..2 * REGION * 4]).to_vec()
     }
 }

@@ -12,17 +12,20 @@ use smoe_actors::vulkan::harness::{
 use smoe_actors::vulkan::{VulkanContext, VulkanError};
 use smoe_proto::DType;
 
-/// Cheap deterministic pseudo-random weights in [-0.05, 0.05).
-pub fn fill(n: usize, seed: u64) -> Vec<f32> {
+/// Cheap deterministic pseudo-random weights in [-0.05, 0.05), without end.
+pub fn weights(seed: u64) -> impl Iterator<Item = f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-        })
-        .collect()
+    std::iter::repeat_with(move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+    })
+}
+
+/// The first `n` of [`weights`]`(seed)`.
+pub fn fill(n: usize, seed: u64) -> Vec<f32> {
+    weights(seed).take(n).collect()
 }
 
 /// Stacked expert weights: gate, up ((n·inter) × hid) and down ((n·hid) × inter)

@@ -55,6 +55,7 @@ mod delta;
 mod e2e;
 mod kernels;
 mod moe;
+mod raw;
 mod stats;
 
 use kernels::{kernels, SHAPES, TUNINGS, TUNING_SYNTAX, TYPES};

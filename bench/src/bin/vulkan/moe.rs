@@ -12,27 +12,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ash::vk;
 use vulkano::buffer::{BufferUsage, Subbuffer};
-use vulkano::command_buffer::{
-    AutoCommandBufferBuilder, CommandBuffer, CommandBufferBeginInfo, CommandBufferLevel, CommandBufferUsage,
-    CopyBufferInfo, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
-};
+use vulkano::command_buffer::CommandBuffer;
 use vulkano::descriptor_set::{DescriptorSet, WriteDescriptorSet};
 use vulkano::pipeline::compute::ComputePipelineCreateInfo;
-use vulkano::pipeline::layout::PipelineDescriptorSetLayoutCreateInfo;
-use vulkano::pipeline::{
-    ComputePipeline, Pipeline, PipelineBindPoint, PipelineLayout, PipelineShaderStageCreateInfo,
-};
-use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
+use vulkano::pipeline::{ComputePipeline, Pipeline, PipelineBindPoint, PipelineShaderStageCreateInfo};
+use vulkano::shader::ShaderModule;
 use vulkano::sync::fence::{Fence, FenceCreateInfo};
-use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
-use vulkano::VulkanObject;
+use vulkano::sync::{AccessFlags, PipelineStages};
 
-use smoe_actors::vulkan::harness::{device_buffer, host_buffer, upload};
-use smoe_actors::vulkan::{spirv, VulkanContext};
+use smoe_actors::vulkan::harness::{device_buffer, upload};
+use smoe_actors::vulkan::VulkanContext;
 
 use crate::fail;
+use crate::kernels::weights;
+use crate::raw;
 
 /// Hidden size, expert intermediate size, experts per token (`shaders/moe_block.comp`).
 const H: usize = 2048;
@@ -84,18 +78,9 @@ impl Order {
     }
 }
 
-/// bf16 bits of `n` values uniform in ±0.05 (the tests' fill, rounded toward zero).
+/// bf16 bits of `n` of the tests' pseudo-random weights (rounded toward zero).
 fn bf16_fill(n: usize, seed: u64) -> Vec<u16> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let v = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
-            (v.to_bits() >> 16) as u16
-        })
-        .collect()
+    weights(seed).take(n).map(|v| (v.to_bits() >> 16) as u16).collect()
 }
 
 fn bf16(b: u16) -> f64 {
@@ -124,18 +109,8 @@ struct Block {
 impl Block {
     fn new(ctx: Arc<VulkanContext>, ne: usize, layers: usize) -> Block {
         let d = &ctx.device;
-        let words = spirv("moe_block").unwrap_or_else(|e| fail(1, e.to_string()));
-        // SAFETY: SPIR-V compiled by glslc from shaders/moe_block.comp.
-        let module =
-            unsafe { ShaderModule::new(d.clone(), ShaderModuleCreateInfo::new(&words)) }.expect("module");
+        let (module, layout) = raw::module_and_layout(&ctx, "moe_block");
         let stage = PipelineShaderStageCreateInfo::new(module.entry_point("main").expect("main"));
-        let layout = PipelineLayout::new(
-            d.clone(),
-            PipelineDescriptorSetLayoutCreateInfo::from_stages([&stage])
-                .into_pipeline_layout_create_info(d.clone())
-                .expect("layout info"),
-        )
-        .expect("layout");
         let pipeline = ComputePipeline::new(
             d.clone(),
             None,
@@ -197,27 +172,8 @@ impl Block {
     /// `blocks` blocks, block b on layer b % layers, ordered as `order` says.
     fn record(&self, blocks: usize, order: Order) -> Arc<CommandBuffer> {
         let ctx = &self.ctx;
-        let begin =
-            CommandBufferBeginInfo { usage: CommandBufferUsage::MultipleSubmit, ..Default::default() };
-        let mut cb = RecordingCommandBuffer::new(
-            ctx.commands.clone(),
-            ctx.compute.queue_family_index(),
-            CommandBufferLevel::Primary,
-            begin,
-        )
-        .expect("recording");
-        let barrier = |src: PipelineStages, src_access: AccessFlags| DependencyInfo {
-            memory_barriers: [MemoryBarrier {
-                src_stages: src,
-                src_access,
-                dst_stages: PipelineStages::COMPUTE_SHADER,
-                dst_access: AccessFlags::SHADER_READ | AccessFlags::SHADER_WRITE,
-                ..Default::default()
-            }]
-            .into_iter()
-            .collect(),
-            ..Default::default()
-        };
+        let mut cb = raw::recording(ctx);
+        let barrier = raw::to_compute;
         let layout = self.pipeline.layout();
         let ne = self.ne as u32;
         // SAFETY: the kernel's indices are bounded by the push constants (ne ≤ MAX_E, the
@@ -266,19 +222,7 @@ impl Block {
 
     /// Submits `cb` and waits for it; the wall time.
     fn run(&self, cb: &CommandBuffer, fence: &Fence) -> Duration {
-        let fns = self.ctx.device.fns();
-        let handle = cb.handle();
-        let submit = vk::SubmitInfo::default().command_buffers(std::slice::from_ref(&handle));
-        let t = Instant::now();
-        // SAFETY: the command buffer is not executing (every submission is waited for),
-        // and nothing else uses the queue in this program meanwhile.
-        let r = unsafe { (fns.v1_0.queue_submit)(self.ctx.compute.handle(), 1, &submit, fence.handle()) };
-        assert_eq!(r, vk::Result::SUCCESS, "queue submit");
-        fence.wait(None).expect("fence wait");
-        let d = t.elapsed();
-        // SAFETY: the fence's submission has completed.
-        unsafe { fence.reset() }.expect("fence reset");
-        d
+        raw::submit_wait(&self.ctx, cb, fence)
     }
 
     /// The io buffer after `blocks` blocks from the initial residual.
@@ -287,24 +231,7 @@ impl Block {
         io[..H].copy_from_slice(&initial_x());
         upload(&self.ctx, &self.io, bytemuck::cast_slice(&io)).expect("upload");
         self.run(&self.record(blocks, order), fence);
-        let host = host_buffer::<u8>(&self.ctx, self.io.len(), BufferUsage::empty()).expect("readback");
-        let mut b = AutoCommandBufferBuilder::primary(
-            self.ctx.commands.clone(),
-            self.ctx.compute.queue_family_index(),
-            CommandBufferUsage::OneTimeSubmit,
-        )
-        .expect("builder");
-        b.copy_buffer(CopyBufferInfo::buffers(self.io.clone(), host.clone())).expect("copy");
-        b.build()
-            .expect("build")
-            .execute(self.ctx.compute.clone())
-            .expect("execute")
-            .then_signal_fence_and_flush()
-            .expect("flush")
-            .wait(None)
-            .expect("wait");
-        let bytes = host.read().expect("read");
-        bytemuck::cast_slice(&bytes[..]).to_vec()
+        bytemuck::cast_slice(&raw::read_back(&self.ctx, &self.io)).to_vec()
     }
 
     /// One block of layer 0 from the initial residual in f64: the ranked experts and the
