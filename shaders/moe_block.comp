@@ -2,8 +2,8 @@
 // A decode step's MoE block fused into one dispatch, for the benchmarks (`vulkan moe`):
 // how much of a device-routed block's time (RMSNorm, router matvec, ranking, expert
 // gate/up + SiLU, expert down + combine + residual: five dependent dispatches in the
-// executor, ~60 µs on the H200 at Qwen3-30B-A3B's shape, bf16) is the hand-off between
-// them. One block, m=1, bf16 weights, hidden H, expert intermediate I, E experts, top-K:
+// executor, ~60-68 µs in situ on an H100 or H200 at Qwen3-30B-A3B's shape, bf16) is the
+// hand-off between them. One block, m=1, bf16 weights, hidden H, expert intermediate I, E experts, top-K:
 //   xn = nw · (x · r), r = 1 / sqrt(mean(x²) + eps)
 //   logits[e] = router[e] · xn
 //   p = softmax(logits); the K most probable experts in descending order (ties to the
@@ -57,7 +57,7 @@ layout(set = 0, binding = 3) readonly buffer Nw { float nw[]; };
 #define IO_WT (IO_SEL + K)
 
 layout(push_constant) uniform Params {
-    uint layer4;  // uvec4 offset of this layer's weights
+    uint layer4;  // uvec4 offset of this layer's weights in the binding (0: one layer a binding)
     uint ne;      // experts (<= MAX_E)
     uint phase;   // 0..4: one phase; PERSIST: all
     uint bar;     // first grid-barrier count of this block (PERSIST)
@@ -72,7 +72,6 @@ shared vec4 xh4[4u * I / 4u];
 shared float red[256];
 shared uint order[K];
 shared float wts[K];
-shared float rsum;
 
 uint tid() { return gl_LocalInvocationID.x; }
 uint lane() { return gl_LocalInvocationID.x % 32u; }
@@ -101,7 +100,7 @@ float row_tree(float a) {
     return a;
 }
 
-// Eight bf16 weights of q against the eight inputs at v, into acc in order.
+// The eight bf16 weights of q times the inputs x0, x1, added to acc in order.
 void mac8(uvec4 q, vec4 x0, vec4 x1, inout float acc) {
     precise float a = acc;
     a = fma(bf16_lo(q.x), x0.x, a);

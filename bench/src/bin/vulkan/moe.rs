@@ -28,9 +28,11 @@ use crate::fail;
 use crate::kernels::weights;
 use crate::raw;
 
-/// Hidden size, expert intermediate size, experts per token (`shaders/moe_block.comp`).
+/// Hidden size (`shaders/moe_block.comp`'s H).
 const H: usize = 2048;
+/// Expert intermediate size (its I).
 const I: usize = 768;
+/// Experts per token (its K).
 const K: usize = 8;
 /// Experts the kernel ranks at most.
 const MAX_E: usize = 256;
@@ -66,6 +68,7 @@ enum Order {
 }
 
 impl Order {
+    /// How the output names this ordering.
     fn label(self) -> String {
         match self {
             Order::Phases => "five dispatches, pipeline barriers".into(),
@@ -83,6 +86,7 @@ fn bf16_fill(n: usize, seed: u64) -> Vec<u16> {
     weights(seed).take(n).map(|v| (v.to_bits() >> 16) as u16).collect()
 }
 
+/// The value of bf16 bits `b`.
 fn bf16(b: u16) -> f64 {
     f32::from_bits((b as u32) << 16) as f64
 }
@@ -97,16 +101,22 @@ struct Block {
     ctx: Arc<VulkanContext>,
     module: Arc<ShaderModule>,
     pipeline: Arc<ComputePipeline>,
+    /// Per layer: its weights, io, the barrier counts and the norm weights.
     sets: Vec<Arc<DescriptorSet>>,
+    /// The kernel's io buffer (`IO_LEN` floats).
     io: Subbuffer<[u8]>,
+    /// The grid barriers' counts, two a block.
     counts: Subbuffer<[u32]>,
+    /// Experts.
     ne: usize,
     /// Layer 0's weights on the host (the reference).
     layer0: Vec<u16>,
+    /// The RMSNorm weights.
     norm: Vec<f32>,
 }
 
 impl Block {
+    /// The kernel and `layers` layers of `ne` experts' pseudo-random weights on the device.
     fn new(ctx: Arc<VulkanContext>, ne: usize, layers: usize) -> Block {
         let d = &ctx.device;
         let (module, layout) = raw::module_and_layout(&ctx, "moe_block");
