@@ -141,7 +141,6 @@ fn main() {
             if groups.contains(&0) {
                 fail(2, "GROUPS must be at least 1".into());
             }
-            let groups = if groups.is_empty() { vec![132, 264, 528] } else { groups };
             moe::moe(num(1, "DEVICE", 0), num(2, "EXPERTS", 128), num(3, "LAYERS", 3), &groups)
         }
         Some("delta") => delta::delta(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),

@@ -2,7 +2,8 @@
 //! (RMSNorm, router, ranking, expert gate/up + SiLU, down + combine + residual; m=1,
 //! bf16, Qwen3-30B-A3B's hidden 2048 and expert intermediate 768, top 8 of EXPERTS,
 //! default 128) fused into one dispatch of GROUPS resident workgroups meeting at two grid
-//! barriers (`shaders/moe_block.comp`), against the same per-row code as five dependent
+//! barriers (`shaders/moe_block.comp`; by default one and two an SM where the driver
+//! reports its SM count, else 132, 264 and 528), against the same per-row code as five dependent
 //! dispatches ordered by pipeline barriers, as the executor records a device-routed
 //! block. Blocks cycle through LAYERS layers of distinct weights (default 3: 3.6 GB at
 //! 128 experts, more than the L2 cache), each block routing its own input. Both orderings'
@@ -290,7 +291,22 @@ pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
         fail(2, format!("EXPERTS must be {K} to {MAX_E}, not {ne}"));
     }
     let ctx = VulkanContext::new(index).unwrap_or_else(|e| fail(1, e.to_string()));
-    println!("device: {}", ctx.info.name);
+    // The device's SM count where the driver reports it (VK_NV_shader_sm_builtins): what
+    // an executor path would size a resident grid by.
+    let pr = ctx.device.physical_device().properties();
+    let sms = pr.shader_sm_count;
+    println!(
+        "device: {} (SMs {:?}, warps an SM {:?}: VK_NV_shader_sm_builtins)",
+        ctx.info.name, sms, pr.shader_warps_per_sm
+    );
+    // GROUPS by default: one and two workgroups an SM, or 132, 264 and 528 (an H100's or
+    // H200's 1, 2 and 4) where the driver does not say.
+    let groups: Vec<u32> = match (groups.is_empty(), sms) {
+        (false, _) => groups.to_vec(),
+        (true, Some(n)) => vec![n, 2 * n],
+        (true, None) => vec![132, 264, 528],
+    };
+    let groups = &groups[..];
     let fence = Fence::new(ctx.device.clone(), FenceCreateInfo::default()).expect("fence");
     let b = Block::new(ctx.clone(), ne, layers.max(1));
     // What the driver reports about the kernel (registers and shared memory decide how
