@@ -137,10 +137,12 @@ fn main() {
                     a.parse().unwrap_or_else(|_| fail(2, format!("{what} `{a}` is not a number")))
                 })
             };
-            let groups: Vec<u32> = (4..args.len()).map(|i| num(i, "GROUPS", 0) as u32).collect();
-            if groups.contains(&0) {
-                fail(2, "GROUPS must be at least 1".into());
-            }
+            let groups: Vec<u32> = (4..args.len())
+                .map(|i| match u32::try_from(num(i, "GROUPS", 0)) {
+                    Ok(g) if g > 0 => g,
+                    _ => fail(2, format!("GROUPS `{}` must be 1 to {}", args[i], u32::MAX)),
+                })
+                .collect();
             moe::moe(num(1, "DEVICE", 0), num(2, "EXPERTS", 128), num(3, "LAYERS", 3), &groups)
         }
         Some("delta") => delta::delta(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),

@@ -290,6 +290,9 @@ pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
     if !(K..=MAX_E).contains(&ne) {
         fail(2, format!("EXPERTS must be {K} to {MAX_E}, not {ne}"));
     }
+    if layers == 0 {
+        fail(2, "LAYERS must be at least 1".into());
+    }
     let ctx = VulkanContext::new(index).unwrap_or_else(|e| fail(1, e.to_string()));
     // The device's SM count where the driver reports it (VK_NV_shader_sm_builtins): what
     // an executor path would size a resident grid by.
@@ -308,7 +311,7 @@ pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
     };
     let groups = &groups[..];
     let fence = Fence::new(ctx.device.clone(), FenceCreateInfo::default()).expect("fence");
-    let b = Block::new(ctx.clone(), ne, layers.max(1));
+    let b = Block::new(ctx.clone(), ne, layers);
     // What the driver reports about the kernel (registers and shared memory decide how
     // many workgroups an SM holds, so which GROUPS can all be resident).
     let dev = &ctx.device;
