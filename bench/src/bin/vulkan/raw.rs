@@ -71,7 +71,7 @@ pub fn submit_wait(ctx: &VulkanContext, cb: &CommandBuffer, fence: &Fence) -> Du
 }
 
 /// The bytes of device buffer `buf`, copied to the host.
-pub fn read_back(ctx: &Arc<VulkanContext>, buf: &Subbuffer<[u8]>) -> Vec<u8> {
+pub fn read_back(ctx: &VulkanContext, buf: &Subbuffer<[u8]>) -> Vec<u8> {
     let host = host_buffer::<u8>(ctx, buf.len(), BufferUsage::empty()).expect("readback");
     let mut b = AutoCommandBufferBuilder::primary(
         ctx.commands.clone(),
