@@ -24,7 +24,7 @@
 //! session 40's ~10 µs was read at a low SM clock).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{
@@ -511,21 +511,11 @@ pub fn chain(index: usize) {
             }
         }
         let cbs: Vec<Recorded> = orders.iter().map(|&o| c.record(rows, reps, o)).collect();
-        // Warm the clocks up, then seven timed rounds with the orderings interleaved.
-        let until = Instant::now() + Duration::from_millis(300);
-        while Instant::now() < until {
-            c.run(&cbs[0], &fence);
-        }
-        let mut times = vec![Vec::new(); orders.len()];
-        for _ in 0..7 {
-            for (t, cb) in times.iter_mut().zip(&cbs) {
-                t.push(c.run(cb, &fence).as_secs_f64());
-            }
-        }
+        let raws: Vec<&CommandBuffer> = cbs.iter().map(Recorded::raw).collect();
+        let times = raw::median_seconds(&c.ctx, &raws, &fence);
         let bytes = (rows * COLS * 4) as f64;
-        for (order, mut t) in orders.iter().zip(times) {
-            t.sort_by(f64::total_cmp);
-            let per = t[3] / (reps * LINKS) as f64;
+        for (order, t) in orders.iter().zip(times) {
+            let per = t / (reps * LINKS) as f64;
             if let Order::Null { .. } = order {
                 println!("{}: {:.2} us per link", order.label(), per * 1e6);
                 continue;

@@ -37,8 +37,10 @@ const I: usize = 768;
 const K: usize = 8;
 /// Experts the kernel ranks at most.
 const MAX_E: usize = 256;
-/// Floats of the io buffer: x, xn, logits, h, ranked experts, weights.
-const IO_LEN: usize = 2 * H + MAX_E + K * I + 2 * K;
+/// Where the io buffer holds the ranked experts (after x, xn, the logits and h).
+const IO_SEL: usize = 2 * H + MAX_E + K * I;
+/// Floats of the io buffer: the above, the ranked experts and their weights.
+const IO_LEN: usize = IO_SEL + 2 * K;
 /// The kernel's `phase` that runs the whole block.
 const PERSIST: u32 = 5;
 /// Blocks per timed command buffer.
@@ -197,6 +199,14 @@ impl Block {
                 AccessFlags::TRANSFER_WRITE,
             ));
             cb.bind_pipeline_compute_unchecked(&self.pipeline);
+            let stop = if let Order::Prefix(_, stop) = order { stop } else { 0 };
+            // (phase, workgroups) of each dispatch of a block.
+            let dispatches: Vec<(u32, u32)> = match order {
+                Order::Persist(g) | Order::Prefix(g, _) => vec![(PERSIST, g)],
+                Order::Phases => {
+                    vec![(0, 1), (1, ne.div_ceil(8)), (2, 1), (3, (K * I / 8) as u32), (4, (H / 8) as u32)]
+                }
+            };
             for b in 0..blocks {
                 let set = &self.sets[b % self.sets.len()];
                 cb.bind_descriptor_sets_unchecked(
@@ -206,19 +216,8 @@ impl Block {
                     &[set.as_raw()],
                     &[],
                 );
-                let stop = if let Order::Prefix(_, stop) = order { stop } else { 0 };
                 let p = Params { layer4: 0, ne, phase: 0, bar: (2 * b) as u32, stop };
-                let dispatches: Vec<(u32, u32)> = match order {
-                    Order::Persist(g) | Order::Prefix(g, _) => vec![(PERSIST, g)],
-                    Order::Phases => vec![
-                        (0, 1),
-                        (1, ne.div_ceil(8)),
-                        (2, 1),
-                        (3, (K * I / 8) as u32),
-                        (4, (H / 8) as u32),
-                    ],
-                };
-                for (phase, groups) in dispatches {
+                for &(phase, groups) in &dispatches {
                     cb.push_constants_unchecked(layout, 0, &Params { phase, ..p });
                     cb.dispatch_unchecked([groups, 1, 1]);
                     cb.pipeline_barrier_unchecked(&barrier(
@@ -231,17 +230,12 @@ impl Block {
         }
     }
 
-    /// Submits `cb` and waits for it; the wall time.
-    fn run(&self, cb: &CommandBuffer, fence: &Fence) -> Duration {
-        raw::submit_wait(&self.ctx, cb, fence)
-    }
-
     /// The io buffer after `blocks` blocks from the initial residual.
     fn result(&self, blocks: usize, order: Order, fence: &Fence) -> Vec<f32> {
         let mut io = vec![0f32; IO_LEN];
         io[..H].copy_from_slice(&initial_x());
         upload(&self.ctx, &self.io, bytemuck::cast_slice(&io)).expect("upload");
-        self.run(&self.record(blocks, order), fence);
+        raw::submit_wait(&self.ctx, &self.record(blocks, order), fence);
         bytemuck::cast_slice(&raw::read_back(&self.ctx, &self.io)).to_vec()
     }
 
@@ -330,8 +324,7 @@ pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
     }
     let (ranked, want) = b.reference();
     let one = b.result(1, Order::Phases, &fence);
-    let got_ranked: Vec<usize> =
-        one[2 * H + MAX_E + K * I..][..K].iter().map(|v| v.to_bits() as usize).collect();
+    let got_ranked: Vec<usize> = one[IO_SEL..][..K].iter().map(|v| v.to_bits() as usize).collect();
     let err = (0..H).map(|i| (one[i] as f64 - want[i]).abs()).fold(0.0, f64::max);
     let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
     println!(
@@ -368,21 +361,12 @@ pub fn moe(index: usize, ne: usize, layers: usize, groups: &[u32]) {
         .collect();
     orders.extend(prefixes);
     let cbs: Vec<Arc<CommandBuffer>> = orders.iter().map(|&o| b.record(BLOCKS, o)).collect();
-    let until = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < until {
-        b.run(&cbs[0], &fence);
-    }
-    let mut times = vec![Vec::new(); orders.len()];
-    for _ in 0..7 {
-        for (t, cb) in times.iter_mut().zip(&cbs) {
-            t.push(b.run(cb, &fence).as_secs_f64());
-        }
-    }
+    let raws: Vec<&CommandBuffer> = cbs.iter().map(|cb| &**cb).collect();
+    let times = raw::median_seconds(&ctx, &raws, &fence);
     let bytes = ((ne * H + K * 3 * I * H) * 2) as f64;
     let mut base = 0.0;
-    for (o, mut t) in orders.iter().zip(times) {
-        t.sort_by(f64::total_cmp);
-        let per = t[3] / BLOCKS as f64;
+    for (o, t) in orders.iter().zip(times) {
+        let per = t / BLOCKS as f64;
         if *o == Order::Phases {
             base = per;
         }

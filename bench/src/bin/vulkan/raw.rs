@@ -70,6 +70,28 @@ pub fn submit_wait(ctx: &VulkanContext, cb: &CommandBuffer, fence: &Fence) -> Du
     d
 }
 
+/// Seconds each of `cbs` takes, the median of seven rounds that run them in turn, after
+/// 300 ms of the first alone (the GPU clocks up).
+pub fn median_seconds(ctx: &VulkanContext, cbs: &[&CommandBuffer], fence: &Fence) -> Vec<f64> {
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        submit_wait(ctx, cbs[0], fence);
+    }
+    let mut times = vec![Vec::new(); cbs.len()];
+    for _ in 0..7 {
+        for (t, cb) in times.iter_mut().zip(cbs) {
+            t.push(submit_wait(ctx, cb, fence).as_secs_f64());
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[3]
+        })
+        .collect()
+}
+
 /// The bytes of device buffer `buf`, copied to the host.
 pub fn read_back(ctx: &VulkanContext, buf: &Subbuffer<[u8]>) -> Vec<u8> {
     let host = host_buffer::<u8>(ctx, buf.len(), BufferUsage::empty()).expect("readback");
