@@ -431,15 +431,10 @@ impl Chain {
         b.build().expect("build")
     }
 
-    /// Submits `cb` and waits for it; the wall time.
-    fn run(&self, cb: &Recorded, fence: &Fence) -> Duration {
-        raw::submit_wait(&self.ctx, cb.raw(), fence)
-    }
-
     /// The bytes of the links' io regions (0 and 1; not a separate norm's) after one chain.
     fn result(&self, rows: usize, order: Order, fence: &Fence) -> Vec<u32> {
         upload(&self.ctx, &self.io, bytemuck::cast_slice(&initial_io())).expect("upload");
-        self.run(&self.record(rows, 1, order), fence);
+        raw::submit_wait(&self.ctx, self.record(rows, 1, order).raw(), fence);
         let bytes = raw::read_back(&self.ctx, &self.io);
         bytemuck::cast_slice(&bytes[..2 * REGION * 4]).to_vec()
     }

@@ -11,13 +11,12 @@ use vulkano::command_buffer::{
     AutoCommandBufferBuilder, CommandBuffer, CommandBufferBeginInfo, CommandBufferLevel, CommandBufferUsage,
     CopyBufferInfo, PrimaryCommandBufferAbstract, RecordingCommandBuffer,
 };
-use vulkano::sync::fence::Fence;
-use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
-use vulkano::VulkanObject;
-
 use vulkano::pipeline::layout::PipelineDescriptorSetLayoutCreateInfo;
 use vulkano::pipeline::{PipelineLayout, PipelineShaderStageCreateInfo};
 use vulkano::shader::{ShaderModule, ShaderModuleCreateInfo};
+use vulkano::sync::fence::Fence;
+use vulkano::sync::{AccessFlags, DependencyInfo, GpuFuture, MemoryBarrier, PipelineStages};
+use vulkano::VulkanObject;
 
 use smoe_actors::vulkan::harness::host_buffer;
 use smoe_actors::vulkan::{spirv, VulkanContext};
