@@ -24,7 +24,6 @@
 //! session 40's ~10 µs was read at a low SM clock).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use vulkano::buffer::{BufferUsage, Subbuffer};
 use vulkano::command_buffer::{
