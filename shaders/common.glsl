@@ -61,9 +61,11 @@ layout(set = 1, binding = 0) buffer Act { float act[]; };
 // The one kernel that writes the routing buffer (a device-routed step's routing words)
 // declares it once, writable (see the arena above).
 layout(set = 1, binding = 1) buffer RouteU { uint route_u[]; };
+#define ROUTE_F(i) uintBitsToFloat(route_u[i])
 #else
 layout(set = 1, binding = 1) readonly buffer RouteU { uint route_u[]; };
 layout(set = 1, binding = 1) readonly buffer RouteF { float route_f[]; };
+#define ROUTE_F(i) route_f[i]
 #endif
 
 float bf16_lo(uint w) { return uintBitsToFloat(w << 16); }

@@ -26,9 +26,23 @@
 // table, one pair each, the pair list holding their ranks), lane group g of a workgroup
 // of k lane groups takes entry g for the workgroup's RPT rows, and the workgroup adds
 // their MoE combine to the residual at out_off as accumulate.comp does: per row, the sum
-// over ranks r in rank order of y_r · route_f[wt_off + r], then the residual plus it. The
+// over ranks r in rank order of y_r · ROUTE_F(wt_off + r), then the residual plus it. The
 // y_r are the bytes the kernel writes without the flag, so the result is the bytes of the
 // down projection followed by accumulate.comp, without the dispatch between them.
+//
+// With FRONT (GATE_UP, TB = 1: the front of a device-routed decode step whose k experts
+// the VRAM tier holds in one buffer, actors/src/vulkan/device_route.rs) one dispatch of G
+// workgroups, all resident at once, forms the router's gate logits, the ranking and the
+// experts' gate/up: its workgroups take the router's rows (router.glsl: the bytes of the
+// m=1 matvec of the router's weight type), meet at a grid barrier, each ranks the token
+// itself (rank.glsl: the bytes of route.comp's ranking), and then take the gate/up
+// workgroups of every ranked expert in turn (workgroup (x, y): rank y's expert at its
+// tier slot, its output row at rank y), each as the m=1 gate/up's workgroup (x, y) would
+// (the same bytes). Workgroup 0 also writes the step's routing words and the host's copy
+// of the ranking (rank_tables); the down projection after it reads those words. Vulkan
+// does not promise that a dispatch's workgroups run at once: a workgroup that waits too
+// long at the grid barrier gives up and marks the step (io[io_out + ne + k + 1]), whose
+// results the host then discards.
 //
 // With EMBED the module is the embedding lookup of a table stored in the weight type
 // instead (see its main).
@@ -36,6 +50,9 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #define ACT_VEC4
+#ifdef FRONT
+#define ROUTE_WRITE
+#endif
 #include "common.glsl"
 #define ACT(i) act4[(i) >> 2][(i) & 3u]
 
@@ -51,6 +68,53 @@ layout(constant_id = 1) const uint UNROLL = 4u;  // chunks loaded ahead (<= MAX_
 layout(constant_id = 2) const uint LANES = 32u;  // lanes per row (power of two <= WG_SIZE)
 
 #include "matmul_io.glsl"
+
+#ifdef FRONT
+// Per expert of every layer: (tier buffer of its slot or NONE, byte offset in it).
+layout(set = 0, binding = 2) readonly buffer Slots { uint slots[]; };
+// The host's readback buffer.
+layout(set = 0, binding = 3) buffer Io { float io[]; };
+// The grid barrier's words: arrivals, then the generation (sense reversal: the last
+// workgroup to arrive resets the count and advances the generation, so the words need
+// no reset between dispatches).
+layout(set = 0, binding = 5) coherent buffer Grid { uint grid[]; };
+// The arena as every workgroup reads the gate logits others wrote in this dispatch.
+layout(set = 1, binding = 0) coherent buffer ActC { float act_c[]; };
+#define MAX_E 512u
+#define MAX_RANKS 64u
+#define RANK_SLOTS
+#define RANK_LOGIT(i) act_c[i]
+#include "rank.glsl"
+
+// Polls of the grid barrier's generation before a workgroup gives up.
+#define GRID_POLLS (1u << 22)
+
+// Every workgroup arrives, then waits until all have (true), or gives up (false).
+bool grid_barrier(uint tid) {
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) {
+        uint gen = atomicAdd(grid[1], 0u);
+        if (atomicAdd(grid[0], 1u) == gl_NumWorkGroups.x - 1u) {
+            atomicExchange(grid[0], 0u);
+            memoryBarrierBuffer();
+            atomicAdd(grid[1], 1u);
+            rank_bcast = 1.0;
+        } else {
+            // Met only if the generation moved: a driver may cut the loop short
+            // (llvmpipe ends any loop after 65535 rounds).
+            for (uint n = 0u; atomicAdd(grid[1], 0u) == gen && n < GRID_POLLS; n++) {
+            }
+            rank_bcast = atomicAdd(grid[1], 0u) != gen ? 1.0 : 0.0;
+        }
+    }
+    memoryBarrierBuffer();
+    barrier();
+    bool met = rank_bcast != 0.0;
+    barrier();
+    return met;
+}
+#endif
 
 // Loops whose body indexes a register array (wrow, xb, wq, uq, wv, uv, xq, acc) are
 // written FOR_X(BODY) (common.glsl); GU(code) keeps code in the GATE_UP variants only.
@@ -255,7 +319,14 @@ void main() {
 #endif
 }
 #else
+#ifdef FRONT
+// The m=1 gate/up of workgroup `wg` over the ranked experts (main below).
+void matmul_wg(uvec2 wg) {
+#define WG wg
+#else
 void main() {
+#define WG gl_WorkGroupID
+#endif
     // Lane numbering follows subgroups, so lanes l and l ^ s (s < subgroup size) of a
     // lane group are in one subgroup.
     uint f = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
@@ -263,8 +334,15 @@ void main() {
     uint grp = f / LANES;
     // FLAG_COMBINE: the workgroup's lane groups share its rows, one table entry each.
     bool comb = TB == 1 && (pc.flags & FLAG_COMBINE) != 0u;
-    uint rowb = comb ? gl_WorkGroupID.x * RPT : (gl_WorkGroupID.x * (WG_SIZE / LANES) + grp) * RPT;
-    uvec3 entry = table_entry(comb ? grp : gl_WorkGroupID.y);
+    uint rowb = comb ? WG.x * RPT : (WG.x * (WG_SIZE / LANES) + grp) * RPT;
+#ifdef FRONT
+    // Rank y's expert, one pair; no pair where the tier buffer does not hold it (a step
+    // the host voids).
+    bool held = rank_order[WG.y] < pc.ne && rank_slot[WG.y].x == 0u;
+    uvec3 entry = held ? uvec3(rank_slot[WG.y].y, WG.y, 1u) : uvec3(0u, WG.y, 0u);
+#else
+    uvec3 entry = table_entry(comb ? grp : WG.y);
+#endif
     uint delta = entry.x / UNIT_BYTES;
     uint p0 = entry.y;
     uint n = entry.z;
@@ -290,7 +368,7 @@ void main() {
 #else
     // Workgroup row y of a token-split product takes its span of the tokens (each
     // product's order is the same whichever workgroup forms it).
-    uint t_lo = pc.span == 0u ? 0u : gl_WorkGroupID.y * pc.span;
+    uint t_lo = pc.span == 0u ? 0u : WG.y * pc.span;
     uint t_hi = pc.span == 0u ? n : min(n, t_lo + pc.span);
 #endif
     for (uint t0 = t_lo; t0 < t_hi; t0 += TB) {
@@ -378,7 +456,7 @@ void main() {
                 float res = ACT(xi);
                 precise float a = 0.0;
                 for (uint r = 0u; r < WG_SIZE / LANES; r++) {
-                    a = a + red[r * RPT + f] * route_f[pc.wt_off + r];
+                    a = a + red[r * RPT + f] * ROUTE_F(pc.wt_off + r);
                 }
                 precise float x = res + a;
                 ACT(xi) = x;
@@ -410,4 +488,28 @@ void main() {
         }
     }
 }
+
+#ifdef FRONT
+#include "router.glsl"
+
+void main() {
+    uint tid = gl_LocalInvocationIndex;
+    uint nwg = gl_NumWorkGroups.x;
+    router_rows(gl_WorkGroupID.x, nwg);
+    bool met = grid_barrier(tid);
+    if (!met && tid == 0u) {
+        io[pc.io_out + pc.ne + pc.k + 1u] = 1.0;
+    }
+    bool first = gl_WorkGroupID.x == 0u;
+    rank_token(pc.logits, pc.ne, pc.k, pc.ranks, pc.norm != 0u, first, pc.slot_off, tid, WG_SIZE);
+    if (first) {
+        rank_tables(pc.tab_out, pc.io_out, pc.ne, pc.k, pc.ranks, 1u, tid, WG_SIZE);
+    }
+    // The gate/up's workgroups (x, y): x over its rows, y over the k ranks.
+    uint gx = (pc.rows + WG_SIZE / LANES * RPT - 1u) / (WG_SIZE / LANES * RPT);
+    for (uint v = gl_WorkGroupID.x; v < gx * pc.k; v += nwg) {
+        matmul_wg(uvec2(v % gx, v / gx));
+    }
+}
+#endif
 #endif

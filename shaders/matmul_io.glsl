@@ -34,6 +34,18 @@ layout(push_constant) uniform Params {
     // instructions a weight, from a register in one (the CUDA twin's
     // register-resident Q4_K gate/up, bench/probes/q4k_m1.cu: 15% fewer instructions).
     uint two23;
+#ifdef FRONT
+    // The router and ranking of a FRONT gate/up (matmul.comp): route.comp's TABLE push
+    // constants for one tier buffer; the router's rows are `ne`, its inputs `cols` at x_off.
+    uint ne;         // experts
+    uint k;          // experts per token
+    uint ranks;      // experts ranked (k, or k + bets)
+    uint norm;       // renormalise the top-k weights
+    uint logits;     // act offset of the token's gate logits
+    uint slot_off;   // slots offset of this layer's first expert
+    uint tab_out;    // routing-buffer offset of the routing words
+    uint io_out;     // io offset of the ranking's copy for the host
+#endif
 } pc;
 
 // Expert-table entry j (FLAG_TABLE: route_u[tab_off + 3j ..]): its weight byte offset,

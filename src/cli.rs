@@ -166,6 +166,11 @@ pub struct VerifyArgs {
     /// unit: device-local copies of the experts the kernels multiply (default: off).
     #[arg(long)]
     pub vram_bytes: Option<ByteSize>,
+    /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
+    /// gate/up of a decode step in one dispatch; all must run at once). 0 turns it off.
+    /// Default: the GPU's SM count where the driver reports it (NVIDIA), else off.
+    #[arg(long)]
+    pub moe_front_groups: Option<u32>,
     /// I/O path: auto, io-uring or pread.
     #[arg(long, default_value = "auto")]
     pub io: smoe_actors::streamer::IoChoice,
@@ -302,6 +307,11 @@ pub struct EngineArgs {
     /// GPU's memory is the host's).
     #[arg(long)]
     pub vram_bytes: Option<ByteSize>,
+    /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
+    /// gate/up of a decode step in one dispatch; all must run at once). 0 turns it off.
+    /// Default: the GPU's SM count where the driver reports it (NVIDIA), else off.
+    #[arg(long)]
+    pub moe_front_groups: Option<u32>,
     /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread.
     #[arg(long, default_value = "auto")]
     pub io: smoe_actors::streamer::IoChoice,
@@ -384,6 +394,11 @@ pub struct ServeArgs {
     /// Vulkan VRAM tier size, with an optional unit (0: off).
     #[arg(long)]
     pub vram_bytes: Option<ByteSize>,
+    /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
+    /// gate/up of a decode step in one dispatch; all must run at once). 0 turns it off.
+    /// Default: the GPU's SM count where the driver reports it (NVIDIA), else off.
+    #[arg(long)]
+    pub moe_front_groups: Option<u32>,
     /// I/O path: auto, io-uring or pread.
     #[arg(long)]
     pub io: Option<String>,

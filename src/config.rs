@@ -52,6 +52,13 @@ pub struct Config {
     /// `max_sessions` sessions and a margin (off where the GPU's memory is the host's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vram_bytes: Option<ByteSize>,
+    /// Workgroups of the Vulkan backend's fused MoE front: a device-routed decode step's
+    /// router, ranking and expert gate/up in one dispatch, whose workgroups must all run
+    /// at once. 0 turns it off. Default: the GPU's SM count where the driver reports it
+    /// (NVIDIA), else off. If they do not all run at once, the step is computed again
+    /// the usual way and the front is turned off (a warning says so).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe_front_groups: Option<u32>,
     /// I/O path: `auto`, `io-uring` or `pread`.
     pub io: String,
     /// Reads in flight (io_uring) or reader threads (pread).
@@ -145,6 +152,7 @@ impl Default for Config {
             ring_slots: None,
             ring_bytes: None,
             vram_bytes: None,
+            moe_front_groups: None,
             io: "auto".into(),
             queue_depth: 8,
             chunk_size: 512,
@@ -239,6 +247,9 @@ impl Config {
         if a.vram_bytes.is_some() {
             self.vram_bytes = a.vram_bytes;
         }
+        if a.moe_front_groups.is_some() {
+            self.moe_front_groups = a.moe_front_groups;
+        }
         set(&mut self.listen, &a.listen);
         set(&mut self.log_level, &a.log_level);
         set(&mut self.backend, &a.backend);
@@ -330,6 +341,7 @@ impl Config {
             ring_slots: self.ring_slots,
             ring_bytes: self.ring_bytes,
             vram_bytes: self.vram_bytes,
+            moe_front_groups: self.moe_front_groups,
             io: self.io.parse().map_err(|e| anyhow!("invalid config: `io`: {e}"))?,
             queue_depth: self.queue_depth,
             chunk_size: self.chunk_size,

@@ -72,6 +72,8 @@ pub const SPEC_DEPTH: Limit = Limit { key: "spec_depth", min: 0, max: 1024 };
 /// Experts of the next MoE layer read ahead per prefill layer (at most every expert a
 /// layer can have: expert ids are 16-bit).
 pub const LOOKAHEAD: Limit = Limit { key: "lookahead", min: 0, max: 65536 };
+/// Workgroups of the Vulkan backend's fused MoE front (at most one dispatch's).
+pub const MOE_FRONT_GROUPS: Limit = Limit { key: "moe_front_groups", min: 0, max: 65535 };
 /// DeltaNet state snapshots per session (each as large as the session's states).
 pub const STATE_SNAPSHOTS: Limit = Limit { key: "state_snapshots", min: 0, max: 64 };
 
@@ -166,6 +168,8 @@ pub struct EngineSettings {
     pub ring_bytes: Option<ByteSize>,
     /// Bytes of the Vulkan backend's VRAM tier, if given.
     pub vram_bytes: Option<ByteSize>,
+    /// Workgroups of the Vulkan backend's fused MoE front, if given.
+    pub moe_front_groups: Option<u32>,
     /// I/O path.
     pub io: IoChoice,
     /// Reads in flight or reader threads.
@@ -203,6 +207,9 @@ impl EngineSettings {
         SPEC_DEPTH.check_usize(self.spec_depth)?;
         LOOKAHEAD.check_usize(self.lookahead)?;
         STATE_SNAPSHOTS.check_usize(self.state_snapshots)?;
+        if let Some(n) = self.moe_front_groups {
+            MOE_FRONT_GROUPS.check(u64::from(n))?;
+        }
         Ok(())
     }
 
@@ -228,6 +235,7 @@ impl EngineSettings {
             // Unset: what the device can spare beside the sessions' KV caches.
             vram: self.vram_bytes.map_or(VramSize::Auto { sessions }, |b| VramSize::Bytes(b.0)),
             lookahead: self.lookahead,
+            moe_front_groups: self.moe_front_groups,
         })
     }
 
@@ -268,6 +276,7 @@ impl From<&EngineArgs> for EngineSettings {
             ring_slots: a.ring_slots,
             ring_bytes: a.ring_bytes,
             vram_bytes: a.vram_bytes,
+            moe_front_groups: a.moe_front_groups,
             io: a.io,
             queue_depth: a.queue_depth,
             chunk_size: a.chunk_size,

@@ -75,7 +75,8 @@ fn open_with(
     let alloc = VulkanAllocator::new(ctx.clone());
     let engine = Engine::open(vault, opts, &alloc).unwrap();
     // These tests pick the expert paths; the VRAM tier (which replaces them) is off.
-    let fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, max_rows, VramSize::Bytes(0)).unwrap();
+    let fwd =
+        VulkanPass::for_engine(ctx.clone(), &alloc, &engine, max_rows, (VramSize::Bytes(0), None)).unwrap();
     (engine, fwd)
 }
 

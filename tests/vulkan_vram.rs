@@ -84,6 +84,17 @@ fn check_counters(out: &Value, slots: u64) {
     assert_eq!(held + t["slots"]["empty"].as_u64().unwrap(), slots, "{t}");
 }
 
+/// Checks that the decode regime's profile `decode` ranked each of the 4 MoE layers of
+/// every device-routed step with kernels named `ranking...`: the step that recorded the
+/// kept command buffer and each replay of it.
+fn check_rankings(decode: &Value, ranking: &str) {
+    let kernels = decode["kernels"].as_array().unwrap();
+    let replayed = decode["replayed"].as_u64().unwrap();
+    let named = |k: &&Value| k["name"].as_str().unwrap().starts_with(ranking);
+    let tables = kernels.iter().filter(named).map(|k| k["dispatches"].as_u64().unwrap()).sum::<u64>();
+    assert!(replayed > 0 && tables >= 4 * (replayed + 1), "{replayed} replayed, {tables} rankings: {decode}");
+}
+
 #[test]
 fn the_vram_tier_changes_no_byte_at_any_size() {
     let dir = tempfile::tempdir().unwrap();
@@ -116,14 +127,9 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         assert!(fused.map(|k| k["dispatches"].as_u64().unwrap()).sum::<u64>() > 0, "{kernels:?}");
         // Profiled steps replay their kept command buffer too, timestamps and all: the
         // replayed steps' kernels are counted (each ranks its 4 MoE layers, as does the
-        // step that recorded the buffer).
-        let replayed = decode["replayed"].as_u64().unwrap();
-        let count = |name: &str| kernels.iter().find(|k| k["name"] == name).map(|k| &k["dispatches"]);
-        let tables = count("route_table").and_then(Value::as_u64).unwrap_or(0);
-        assert!(
-            replayed > 0 && tables >= 4 * (replayed + 1),
-            "{replayed} replayed, {tables} rankings: {decode}"
-        );
+        // step that recorded the buffer). Lavapipe reports no SM count, so the fused
+        // front is off by default and `route_table` ranks.
+        check_rankings(decode, "route_table");
         assert!(kernels.iter().all(|k| k["device"].as_f64().unwrap() > 0.0), "{kernels:?}");
         // Without the profile, device-routed decode steps after the first replay its kept
         // command buffer: the same bytes.
@@ -144,6 +150,22 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         // Device-routed steps that also rank bets (queued as prefetches): the same bytes.
         let (_, logits) = run(dir.path(), &vault, 1 << 30, &["--spec-depth", "3"]);
         assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{quant:?}: bets");
+        // The fused MoE front (router, ranking and gate/up in one dispatch): one workgroup
+        // (every barrier met), with bets, and four (lavapipe runs at most a few at once:
+        // where they do not all arrive the front gives up, the pass is computed again
+        // host-routed and the front turns off): the same bytes, counters that add up.
+        let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", "1"]);
+        assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{quant:?}: front");
+        check_counters(&out, all);
+        check_rankings(&out["stats"]["profile"]["regimes"][1], "gate_up_front_");
+        for extra in [&["--moe-front-groups", "1", "--spec-depth", "3"][..], &["--moe-front-groups", "4"]] {
+            let (out, logits) = run(dir.path(), &vault, 1 << 30, extra);
+            assert!(
+                logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{quant:?}: front, {extra:?}"
+            );
+            check_counters(&out, all);
+        }
         // Two slots: one of each of the two sizes of Q4_K_M, two of bf16's one.
         let two = if st.len() == 1 { 2 * st[0] } else { st.iter().sum() };
         assert!(st.len() <= 2, "{st:?}");

@@ -108,7 +108,13 @@ impl Executor {
                 let ctx = VulkanContext::new(device)?;
                 let alloc = VulkanAllocator::new(ctx.clone());
                 let engine = Engine::open(dir, opts, &alloc)?;
-                let pass = VulkanPass::for_engine(ctx, &alloc, &engine, max_rows, opts.vram)?;
+                let pass = VulkanPass::for_engine(
+                    ctx,
+                    &alloc,
+                    &engine,
+                    max_rows,
+                    (opts.vram, opts.moe_front_groups),
+                )?;
                 Ok((engine, Executor::Vulkan(Box::new(pass))))
             }
             #[cfg(not(feature = "vulkan"))]

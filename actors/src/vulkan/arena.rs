@@ -21,7 +21,8 @@ pub struct Arena {
     /// keeps every layer's).
     pub routed: u32,
     /// Elements per row of `routed`: ranked experts (up to one per expert), top-k
-    /// weights, and a device-routed step's miss count.
+    /// weights, a device-routed step's miss count, and whether its fused front gave up
+    /// at its grid barrier (in the host's readback copy).
     pub routed_stride: u32,
     /// Per-(token, rank) expert outputs, `rows · k × hidden`.
     pub yk: u32,
@@ -57,7 +58,7 @@ impl Arena {
             planes[p as usize] = (take(size(p)), width(p) as u32);
         }
         let router = take(m * c.num_experts);
-        let routed_stride = c.num_experts + k + 1;
+        let routed_stride = c.num_experts + k + 2;
         let routed = take(m.max(c.num_hidden_layers) * routed_stride);
         let yk = take(m * k * c.hidden_size);
         let logits = take(c.vocab_size);

@@ -83,13 +83,14 @@ pub struct VulkanBackend {
 impl VulkanBackend {
     /// Uploads the resident weights of `model` and sizes everything for `max_rows`
     /// tokens; `arenas` are the ring arenas whose slots kernels read in place; `vram`
-    /// sizes the VRAM tier.
+    /// sizes the VRAM tier, `front_groups` sets the fused MoE front's workgroups
+    /// ([`crate::engine::EngineOptions::moe_front_groups`]).
     pub fn new(
         ctx: Arc<VulkanContext>,
         arenas: ArenaRegistry,
         model: Arc<Model>,
         max_rows: usize,
-        vram: VramSize,
+        (vram, front_groups): (VramSize, Option<u32>),
     ) -> Result<VulkanBackend, VulkanError> {
         let c = model.cfg.clone();
         AttentionShape::of(&c).check()?;
@@ -112,8 +113,10 @@ impl VulkanBackend {
         let io_greedy = io_logits + c.vocab_size;
         // The device-routed steps' ranking kernel and the greedy choice write here directly.
         let io = host_buffer::<f32>(&ctx, io_greedy as u64 + 1, BufferUsage::STORAGE_BUFFER)?;
+        // Zeroed once: the host clears a fused front's give-up marks after reading them.
+        io.write().map_err(verr("clearing the readback buffer"))?.fill(0.0);
         let greedy_set = set0(&ctx, &kernels.argmax_final, &[io.clone().into_bytes()])?;
-        let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref(), &io)?;
+        let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref(), &io, front_groups)?;
         let act_set = DescriptorSet::new(
             ctx.descriptors.clone(),
             kernels.act_layout.clone(),

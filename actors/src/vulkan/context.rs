@@ -45,6 +45,10 @@ pub struct DeviceInfo {
     pub max_invocations: u32,
     /// Subgroup width, where reported.
     pub subgroup_size: Option<u32>,
+    /// Streaming multiprocessors, where the driver reports them (NVIDIA's
+    /// VK_NV_shader_sm_builtins): how many workgroups of a kernel that needs all of its
+    /// workgroups resident at once (one an SM) a dispatch may have.
+    pub sm_count: Option<u32>,
     /// Whether the device can run this backend (Vulkan 1.2 and a compute queue).
     pub usable: bool,
 }
@@ -132,6 +136,7 @@ fn info(index: usize, p: &PhysicalDevice) -> DeviceInfo {
         max_shared_memory: pr.max_compute_shared_memory_size,
         max_invocations: pr.max_compute_work_group_invocations,
         subgroup_size: pr.subgroup_size,
+        sm_count: pr.shader_sm_count,
         usable: v >= Version::V1_2 && compute_family(p).is_some(),
     }
 }

@@ -19,8 +19,19 @@
 //! entries: a step the host keeps has all k experts in that buffer, so the indirect size
 //! would be k anyway, and the device need not wait for the ranking's write of it (on an
 //! H100 the gate/up took 25.1 µs in situ dispatched indirectly, 22.1 directly).
+//!
+//! There, where the device can run a dispatch's workgroups all at once, the router, the
+//! ranking and the gate/up are one dispatch ([`Kernels::gate_up_front`]): its
+//! workgroups, one an SM, form the router's rows, meet at a grid barrier, each ranks the
+//! token itself and then takes gate/up rows; the first writes the routing words and the
+//! host's copy of the ranking. Each part is the bytes of the kernel it replaces (the
+//! router's m=1 matvec, `route_table`'s ranking, the m=1 gate/up), so the step's bytes
+//! do not change; three dependent dispatches a layer become one. Vulkan does not promise
+//! that the workgroups run at once: one that waits too long at the barrier marks the
+//! step, the host voids the pass as it does for a tier miss and runs it again
+//! host-routed, and turns the fused front off.
 
-use std::collections::BTreeMap;
+use std::collections::{btree_map, hash_map, BTreeMap, HashMap};
 use std::sync::Arc;
 
 use smoe_proto::DType;
@@ -29,10 +40,11 @@ use vulkano::command_buffer::DispatchIndirectCommand;
 use vulkano::descriptor_set::DescriptorSet;
 
 use super::backend::VulkanBackend;
-use super::buffers::{device_buffer, upload_buffer, verr};
+use super::buffers::{device_buffer, upload_buffer, upload_f32, verr, DeviceWeight};
 use super::context::VulkanContext;
+use super::experts::window;
 use super::pipelines::{Kernel, Kernels};
-use super::record::{set0, MatmulArgs, Projection, FLAG_COMBINE};
+use super::record::{set0, MatmulArgs, Projection, FLAG_COMBINE, FLAG_TABLE};
 use super::vram::VramTier;
 use super::VulkanError;
 use crate::contract::{ForwardError, Plane};
@@ -42,6 +54,13 @@ use crate::vault::TensorRef;
 /// Most tier buffers of one size class a device-routed step reads (a class of more
 /// buffers, over 64 · 2 GiB, turns device routing off).
 pub const MAX_BUFFERS: usize = 64;
+
+/// Most experts of a layer whose decode steps the fused front ranks (`MAX_E` of
+/// `shaders/matmul.comp` with `FRONT`); layers with more use `route_table`.
+const FRONT_MAX_E: usize = 512;
+
+/// Most experts the fused front ranks (top-k and bets; `MAX_RANKS` there).
+const FRONT_MAX_RANKS: usize = 64;
 
 /// Routing-buffer words of a device-routed step the expert kernels read: the pair
 /// list, the weights and the expert tables.
@@ -99,6 +118,12 @@ impl RouteTableArgs {
             self.io_out,
         ]
     }
+
+    /// The router's and the ranking's push constants of a fused front
+    /// (`shaders/matmul_io.glsl` with `FRONT`), for the layer's one tier buffer.
+    pub fn front_words(&self) -> [u32; 8] {
+        [self.ne, self.k, self.ranks, self.norm as u32, self.in_off, self.slot_off, self.tab_out, self.io_out]
+    }
 }
 
 /// The device side of device-routed steps.
@@ -117,18 +142,35 @@ pub struct DeviceRoutes {
     /// combining down kernel ([`Kernels::down_combine`]; `None`: too large a workgroup
     /// for the device).
     combine: BTreeMap<(DType, usize), Option<Kernel>>,
+    /// Workgroups of a fused front (0: off).
+    front_groups: u32,
+    /// Per (expert gate/up weight type, router weight type) met so far, its fused front
+    /// ([`Kernels::gate_up_front`]; `None`: a router type it does not read).
+    front: BTreeMap<(DType, DType), Option<Kernel>>,
+    /// The fused front's set 0 per (tier buffer address, layer): the buffer as gate and
+    /// up weights, the slot table, the host's readback buffer, the layer's router
+    /// weight, the grid barrier's words.
+    front_sets: HashMap<(usize, usize), Arc<DescriptorSet>>,
+    /// The host's readback buffer.
+    io: Subbuffer<[f32]>,
+    /// The grid barrier's two words (device memory, zeroed once: the barrier leaves them
+    /// ready for the next dispatch).
+    grid: Subbuffer<[u8]>,
 }
 
 impl DeviceRoutes {
     /// The device side for `model` when `tier` holds every expert in buffers one
     /// binding can cover ([`VramTier::holds_all`]); `None` otherwise (steps are then
-    /// host-routed). Each step's ranking goes to `io`, which the host reads.
+    /// host-routed). Each step's ranking goes to `io`, which the host reads. A fused
+    /// front runs `front_groups` workgroups (0: none; `None`: the device's SM count where
+    /// the driver reports it, else none).
     pub fn new(
         ctx: &Arc<VulkanContext>,
         kernels: &Kernels,
         model: &Model,
         tier: Option<&VramTier>,
         io: &Subbuffer<[f32]>,
+        front_groups: Option<u32>,
     ) -> Result<Option<DeviceRoutes>, VulkanError> {
         let Some(tier) = tier else { return Ok(None) };
         if !tier.holds_all(ctx.info.max_storage_buffer_range, MAX_BUFFERS) {
@@ -155,6 +197,11 @@ impl DeviceRoutes {
             sizes,
             layers: Vec::new(),
             combine: BTreeMap::new(),
+            front_groups: front_groups.or(ctx.info.sm_count).unwrap_or(0),
+            front: BTreeMap::new(),
+            front_sets: HashMap::new(),
+            io: io.clone(),
+            grid: upload_f32(ctx, &[0.0, 0.0])?,
         }))
     }
 }
@@ -179,6 +226,43 @@ impl DeviceRoutes {
         let kd = kernels.down_combine(dtype, k)?;
         self.combine.insert((dtype, k), kd.clone());
         Ok(kd)
+    }
+
+    /// The fused front of layer `l` for gate/up weights of `dtype` in tier buffer `buf`
+    /// and the router weight `router` (bound whole), and its set, built on first use;
+    /// `None` where the front is off or cannot read this router.
+    fn front_kernel(
+        &mut self,
+        ctx: &VulkanContext,
+        kernels: &Kernels,
+        (l, dtype, buf): (usize, DType, &Subbuffer<[u8]>),
+        router: &DeviceWeight,
+    ) -> Result<Option<(Kernel, Arc<DescriptorSet>)>, VulkanError> {
+        let [range] = &router.ranges[..] else { return Ok(None) };
+        if self.front_groups == 0 || router.padded || !router.cols.is_multiple_of(8) {
+            return Ok(None);
+        }
+        let kernel = match self.front.entry((dtype, router.dtype)) {
+            btree_map::Entry::Occupied(e) => e.get().clone(),
+            btree_map::Entry::Vacant(e) => e.insert(kernels.gate_up_front(dtype, router.dtype)?).clone(),
+        };
+        let Some(kernel) = kernel else { return Ok(None) };
+        let set = match self.front_sets.entry((Arc::as_ptr(buf.buffer()) as usize, l)) {
+            hash_map::Entry::Occupied(e) => e.get().clone(),
+            hash_map::Entry::Vacant(e) => {
+                let win = window(buf, 0, ctx.info.max_storage_buffer_range);
+                let bufs = [
+                    win.clone(),
+                    win,
+                    self.slots.clone().into_bytes(),
+                    self.io.clone().into_bytes(),
+                    range.bytes.clone(),
+                    self.grid.clone(),
+                ];
+                e.insert(set0(ctx, &kernel, &bufs)?).clone()
+            }
+        };
+        Ok(Some((kernel, set)))
     }
 }
 
@@ -215,8 +299,18 @@ impl VulkanBackend {
         let buffers: Vec<Subbuffer<[u8]>> = tier.layer_buffers(l).to_vec();
         let (nb, set, sizes) = (buffers.len(), routes.set.clone(), routes.sizes.clone());
         let kernels = self.kernels.clone();
-        // One buffer holds the layer's experts: its down projection can combine them.
+        // One buffer holds the layer's experts: its down projection can combine them, and
+        // where the ranking fits, the router, the ranking and the gate/up are one dispatch.
         let fused = if nb == 1 { routes.combine_kernel(&kernels, layout.down.dtype, k)? } else { None };
+        let router = self.weights.matrix(gate)?.w.clone();
+        let front = match fused {
+            Some(_) if ne <= FRONT_MAX_E && ranks <= FRONT_MAX_RANKS && router.rows == ne => {
+                let at = (l, layout.gate.dtype, &buffers[0]);
+                routes.front_kernel(&self.ctx, &kernels, at, &router)?
+            }
+            _ => None,
+        };
+        let front_groups = routes.front_groups;
         let (g0, d0) = self.expert_args(&layout);
         let groups = |p: Projection, dtype, a: &MatmulArgs| -> Result<u32, VulkanError> {
             Ok(a.rows.div_ceil(p.kernel(kernels.typed(dtype)?, false, a.rows).rows_per_wg()))
@@ -225,7 +319,9 @@ impl VulkanBackend {
             groups(Projection::GateUp, layout.gate.dtype, &g0)?,
             groups(Projection::Down, layout.down.dtype, &d0)?,
         );
-        self.record_gate(gate, 1)?;
+        if front.is_none() {
+            self.record_gate(gate, 1)?;
+        }
         let a = self.a;
         let out = a.routed + l as u32 * a.routed_stride;
         let fast_off = self.ex.fast_off;
@@ -244,7 +340,9 @@ impl VulkanBackend {
             groups: [gu_groups, down_groups],
             io_out: io_at as u32,
         };
-        self.rec()?.dispatch(&kernels.route_table, Some(set), args.words(), [1, 1, 1])?;
+        if front.is_none() {
+            self.rec()?.dispatch(&kernels.route_table, Some(set), args.words(), [1, 1, 1])?;
+        }
         for (b, buf) in buffers.iter().enumerate() {
             let (down, gu) = self.window_sets(buf, 0, self.ctx.info.max_storage_buffer_range)?;
             let tab_off = (fast_off + 2 * k + 3 * k * b) as u32;
@@ -256,13 +354,15 @@ impl VulkanBackend {
             match &fused {
                 Some(kd) => {
                     // Entries of experts a void step lacks have no pairs: no work.
-                    rec.matmul(
-                        Projection::GateUp,
-                        layout.gate.dtype,
-                        false,
-                        gu,
-                        MatmulArgs { groups: k as u32, ..g },
-                    )?;
+                    let g = MatmulArgs { groups: k as u32, ..g };
+                    match &front {
+                        // Rank y's expert in workgroup row y, every input the token's.
+                        Some((fk, fset)) => {
+                            let g = MatmulArgs { flags: FLAG_TABLE, x_stride: 0, ..g };
+                            rec.gate_up_front(fk, fset.clone(), g, args.front_words(), front_groups)?
+                        }
+                        None => rec.matmul(Projection::GateUp, layout.gate.dtype, false, gu, g)?,
+                    }
                     let flags = d.flags | FLAG_COMBINE;
                     let (out_off, wt_off) = (a.at(Plane::X), (fast_off + k) as u32);
                     rec.down_combine(kd, down, MatmulArgs { flags, out_off, wt_off, ..d })?
@@ -283,17 +383,33 @@ impl VulkanBackend {
 
     /// After the sync point ending a pass of device-routed steps: each step's ranking
     /// into `ranks[layer]`, and whether every routed expert was in the tier (then the
-    /// tier counts the hits; else the pass is void).
+    /// tier counts the hits; else the pass is void). A fused front that gave up at its
+    /// grid barrier voids the pass too, and turns the fused front off.
     pub(super) fn read_device_routes(&mut self, ranks: &mut [Vec<u16>]) -> Result<bool, ForwardError> {
         let ne = self.model.cfg.num_experts;
         let k = self.model.cfg.experts_per_token();
         let Some(routes) = self.routes.as_mut() else { return Ok(false) };
         let layers = std::mem::take(&mut routes.layers);
-        let io = self.io.read().map_err(verr("reading the device routing"))?;
         let row = self.a.routed_stride as usize;
+        let at = |l: usize| self.io_routed + l * row;
+        let mut io = self.io.write().map_err(verr("reading the device routing"))?;
+        if layers.iter().any(|&(l, _)| io[at(l) + ne + k + 1].to_bits() != 0) {
+            for &(l, _) in &layers {
+                io[at(l) + ne + k + 1] = 0.0;
+            }
+            tracing::warn!(
+                "the fused MoE front's {} workgroups did not all run at once on this device: \
+                 it is off from now on (set `moe_front_groups` lower, or 0)",
+                routes.front_groups
+            );
+            routes.front_groups = 0;
+            routes.front_sets.clear();
+            self.replays.forget();
+            return Ok(false);
+        }
         let mut held = true;
         for &(l, n) in &layers {
-            let r = &io[self.io_routed + l * row..self.io_routed + (l + 1) * row];
+            let r = &io[at(l)..at(l) + row];
             held &= r[ne + k].to_bits() == 0;
             let ids = &mut ranks[l];
             ids.clear();

@@ -474,9 +474,7 @@ impl VulkanBackend {
         if let Some(s) = self.ex.window_sets.get(&key) {
             return Ok(s.clone());
         }
-        let whole = Subbuffer::from(blob.buffer().clone());
-        let end = (start + len).min(whole.len()) / 4 * 4;
-        let win = whole.slice(start..end);
+        let win = window(blob, start, len);
         // Every type's kernels have the same set layouts: those of f32 serve all layers.
         let t = self.kernels.typed(DType::F32)?;
         let down = set0(&self.ctx, &t.down, std::slice::from_ref(&win))?;
@@ -502,4 +500,12 @@ impl VulkanBackend {
         dst.write().map_err(verr("writing a blob copy"))?[..bytes.len()].copy_from_slice(bytes);
         Ok(dst)
     }
+}
+
+/// The window of `len` bytes from `start` of the buffer holding `blob` (cut at the
+/// buffer's end, to whole words): what expert kernels bind to read the blobs in it.
+pub(super) fn window(blob: &Subbuffer<[u8]>, start: u64, len: u64) -> Subbuffer<[u8]> {
+    let whole = Subbuffer::from(blob.buffer().clone());
+    let end = (start + len).min(whole.len()) / 4 * 4;
+    whole.slice(start..end)
 }

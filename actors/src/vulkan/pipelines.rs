@@ -35,6 +35,23 @@ const WG_SIZE: u32 = 256;
 /// against the m=1 ones compare the two sizes.
 const M1_WG: u32 = 128;
 
+/// Invocations per workgroup of the front gate/up ([`Kernels::gate_up_front`]). Its
+/// workgroups are one an SM (all must be resident at once), so each is large enough to
+/// keep an SM's loads in flight; the batched kernels' 256 and the m=1 kernels' 128 are
+/// sized for many workgroups an SM. Not yet tuned on a GPU.
+pub const FRONT_WG: u32 = 512;
+
+/// `ROUTER_T` of `shaders/router.glsl` for a router weight of `dtype`: 0 f32, 1 bf16,
+/// 2 f16; `None` for the types it does not read.
+pub fn router_type(dtype: DType) -> Option<u32> {
+    match dtype {
+        DType::F32 => Some(0),
+        DType::Bf16 => Some(1),
+        DType::F16 => Some(2),
+        _ => None,
+    }
+}
+
 /// How the matmul kernels split their work (`shaders/matmul.comp`'s specialization
 /// constants). `lanes` is part of the summation order, so every kernel of one backend
 /// instance uses the same value; the rest only moves work between invocations.
@@ -136,17 +153,32 @@ pub enum Spec {
         /// Invocations per workgroup.
         wg: u32,
     },
+    /// A front gate/up (`shaders/matmul.comp` with `FRONT`): the matmul constants, then
+    /// the router's weight type (constant 4; [`router_type`]).
+    Front {
+        /// Rows per lane group.
+        rows: u32,
+        /// Weight chunks each lane loads before using them.
+        unroll: u32,
+        /// Lanes that split one dot product.
+        lanes: u32,
+        /// Invocations per workgroup.
+        wg: u32,
+        /// The router's weight type.
+        router: u32,
+    },
     /// The split attention kernel's shape (`shaders/attention.comp`'s `HD`, `GQ`, `SR`,
     /// `PR`; [`super::attention::AttentionKernels::split_for`]).
     Attention([u32; 4]),
 }
 
 impl Spec {
-    /// The constants with ids 0 to 3.
-    pub fn constants(&self) -> [u32; 4] {
+    /// The constants, with ids from 0.
+    pub fn constants(&self) -> Vec<u32> {
         match *self {
-            Spec::Matmul { rows, unroll, lanes, wg } => [rows, unroll, lanes, wg],
-            Spec::Attention(c) => c,
+            Spec::Matmul { rows, unroll, lanes, wg } => vec![rows, unroll, lanes, wg],
+            Spec::Front { rows, unroll, lanes, wg, router } => vec![rows, unroll, lanes, wg, router],
+            Spec::Attention(c) => c.to_vec(),
         }
     }
 }
@@ -156,7 +188,9 @@ impl Kernel {
     /// matmul kernels, 1 for the others.
     pub fn rows_per_wg(&self) -> u32 {
         match self.spec {
-            Some(Spec::Matmul { rows, lanes, wg, .. }) => wg / lanes * rows,
+            Some(Spec::Matmul { rows, lanes, wg, .. } | Spec::Front { rows, lanes, wg, .. }) => {
+                wg / lanes * rows
+            }
             _ => 1,
         }
     }
@@ -165,7 +199,7 @@ impl Kernel {
     /// others.
     pub fn rows_per_lane_group(&self) -> u32 {
         match self.spec {
-            Some(Spec::Matmul { rows, .. }) => rows,
+            Some(Spec::Matmul { rows, .. } | Spec::Front { rows, .. }) => rows,
             _ => 1,
         }
     }
@@ -369,6 +403,25 @@ impl Kernels {
         }
         let spec = Spec::Matmul { rows: t.rows_down, unroll: t.unroll, lanes: t.lanes, wg: wg as u32 };
         Ok(Some(kernel(&self.device, &self.act_layout, &format!("matvec_{}", dtype.name()), Some(spec))?))
+    }
+
+    /// The front of a device-routed decode step whose gate/up weights are `dtype` and
+    /// whose router's are `router` (`gate_up_front_*`: `shaders/matmul.comp` with
+    /// `FRONT`): the router, the ranking and the gate/up in one dispatch, the gate/up
+    /// tuned as `gate_up`, [`FRONT_WG`] invocations a workgroup (fewer where the device
+    /// allows fewer); `None` for a router type it does not read. Built on each call (the
+    /// caller keeps it).
+    pub fn gate_up_front(&self, dtype: DType, router: DType) -> Result<Option<Kernel>, VulkanError> {
+        let Some(router) = router_type(router) else { return Ok(None) };
+        let t = self.tuning;
+        let wg = FRONT_WG.min(self.device.physical_device().properties().max_compute_work_group_invocations);
+        let spec = Spec::Front { rows: t.rows_m1, unroll: t.unroll, lanes: t.lanes, wg, router };
+        Ok(Some(kernel(
+            &self.device,
+            &self.act_layout,
+            &format!("gate_up_front_{}", dtype.name()),
+            Some(spec),
+        )?))
     }
 
     /// The kernels for weights of `dtype` (module suffix: the type's manifest name),

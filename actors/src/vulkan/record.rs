@@ -392,6 +392,25 @@ impl Recorder {
         })
     }
 
+    /// A device-routed decode step's fused front (router, ranking and gate/up in one
+    /// dispatch of `groups` workgroups, all resident at once): `kernel` is
+    /// [`super::pipelines::Kernels::gate_up_front`]'s, `a` the gate/up's arguments over
+    /// `a.groups` experts, `front` the router's and ranking's push constants
+    /// ([`super::device_route::RouteTableArgs::front_words`]).
+    pub fn gate_up_front(
+        &mut self,
+        kernel: &Kernel,
+        set: Arc<DescriptorSet>,
+        a: MatmulArgs,
+        front: [u32; 8],
+        groups: u32,
+    ) -> Result<(), VulkanError> {
+        let mut push = [0; 30];
+        push[..22].copy_from_slice(&a.words());
+        push[22..].copy_from_slice(&front);
+        self.dispatch_as(kernel, Some(set), push, [groups, 1, 1], || shape_label(kernel, &a))
+    }
+
     /// The embedding lookup of `a.m` tokens from a table of `dtype` bound in `set`
     /// (`shaders/matmul.comp` with `EMBED`): the tokens whose ids (at `a.map_off` of the
     /// routing buffer) fall in the bound rows `a.x_off .. a.x_off + a.rows` get their row

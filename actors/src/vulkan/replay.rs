@@ -152,6 +152,11 @@ impl Replays {
         self.kept.retain(|k| !k.shape.timed);
     }
 
+    /// Drops every kept buffer (the steps they record are no longer the ones to run).
+    pub fn forget(&mut self) {
+        self.kept.clear();
+    }
+
     /// Runs the kept buffer `cb` and waits for it, with nothing submitted before it
     /// still in flight and nothing to wait for: one queue submission and one fence,
     /// without vulkano's future chain and its per-resource bookkeeping (on the H200 a

@@ -117,31 +117,33 @@ pub struct VulkanPass {
     tokens: Vec<u32>,
     union_sizes: Vec<usize>,
     tally: ClaimTally,
-    /// The VRAM tier's setting (siblings get the same).
-    vram_size: VramSize,
+    /// The VRAM tier's setting and the fused MoE front's workgroups (siblings get the
+    /// same).
+    device: (VramSize, Option<u32>),
     spec_depth: usize,
     trace: Option<Vec<ClaimEvent>>,
 }
 
 impl VulkanPass {
     /// A pass over `engine`'s model and ring, whose slots `alloc` allocated, for blocks
-    /// of up to `max_rows` tokens, with a VRAM tier of `vram`: uploads the resident
-    /// weights and allocates every device buffer on the executor thread.
+    /// of up to `max_rows` tokens, with `device`'s VRAM tier setting and fused MoE front
+    /// workgroups ([`crate::engine::EngineOptions`]): uploads the resident weights and
+    /// allocates every device buffer on the executor thread.
     pub fn for_engine(
         ctx: Arc<VulkanContext>,
         alloc: &VulkanAllocator,
         engine: &Engine,
         max_rows: usize,
-        vram: VramSize,
+        device: (VramSize, Option<u32>),
     ) -> Result<VulkanPass, VulkanError> {
-        VulkanPass::start(ctx, alloc.registry(), engine, max_rows, vram)
+        VulkanPass::start(ctx, alloc.registry(), engine, max_rows, device)
     }
 
     /// Another pass on the same device over `engine` (whose ring this pass's allocator
     /// made), for blocks of up to `max_rows` tokens, with a VRAM tier of its own of the
     /// same setting.
     pub fn sibling(&self, engine: &Engine, max_rows: usize) -> Result<VulkanPass, VulkanError> {
-        VulkanPass::start(self.ctx.clone(), self.arenas.clone(), engine, max_rows, self.vram_size)
+        VulkanPass::start(self.ctx.clone(), self.arenas.clone(), engine, max_rows, self.device)
     }
 
     fn start(
@@ -149,12 +151,12 @@ impl VulkanPass {
         arenas: ArenaRegistry,
         engine: &Engine,
         max_rows: usize,
-        vram_size: VramSize,
+        device: (VramSize, Option<u32>),
     ) -> Result<VulkanPass, VulkanError> {
         let model = engine.model.clone();
         let (c, a, e) = (ctx.clone(), arenas.clone(), engine.clone());
         let init = move || {
-            let backend = VulkanBackend::new(c, a, e.model.clone(), max_rows, vram_size)?;
+            let backend = VulkanBackend::new(c, a, e.model.clone(), max_rows, device)?;
             Ok(Worker { pass: Pass::for_engine(backend, &e, max_rows) })
         };
         let actor = ThreadActor::spawn("vulkan", init, serve).map_err(|e| match e {
@@ -171,7 +173,7 @@ impl VulkanPass {
             tokens: Vec::with_capacity(max_rows),
             union_sizes: vec![0; layers],
             tally: ClaimTally::default(),
-            vram_size,
+            device,
             spec_depth: 0,
             trace: None,
             model,

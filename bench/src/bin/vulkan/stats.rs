@@ -109,9 +109,9 @@ pub(crate) fn pipeline_stats(
     device: &Device,
     module: &ShaderModule,
     layout: &PipelineLayout,
-    spec: Option<[u32; 4]>,
+    spec: Option<Vec<u32>>,
 ) -> Result<Vec<Executable>, String> {
-    let entries: Vec<vk::SpecializationMapEntry> = (0..spec.map_or(0, |s| s.len() as u32))
+    let entries: Vec<vk::SpecializationMapEntry> = (0..spec.as_ref().map_or(0, |s| s.len() as u32))
         .map(|i| vk::SpecializationMapEntry::default().constant_id(i).offset(4 * i).size(4))
         .collect();
     let data: Vec<u8> = spec.iter().flatten().flat_map(|v| v.to_ne_bytes()).collect();
@@ -158,7 +158,7 @@ pub(crate) fn pipeline_stats(
 /// module name and `what`; adds each statistic's description to `legend` on first sight.
 fn print_kernel(dev: &Arc<Device>, kernel: &Kernel, what: &str, legend: &mut Vec<(String, String)>) {
     let name = &kernel.module;
-    let spec = kernel.spec.map(|s| s.constants());
+    let spec = kernel.spec.as_ref().map(Spec::constants);
     let words = spirv(name).unwrap_or_else(|e| fail(1, e.to_string()));
     // SAFETY: the words are SPIR-V produced by glslc from this repository's shaders, the
     // modules `Kernels::new` loads.
