@@ -167,8 +167,8 @@ pub struct VerifyArgs {
     #[arg(long)]
     pub vram_bytes: Option<ByteSize>,
     /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
-    /// gate/up of a decode step in one dispatch; all must run at once). 0 turns it off.
-    /// Default: the GPU's SM count where the driver reports it (NVIDIA), else off.
+    /// gate/up of a decode step in one dispatch; all must run at once: one an SM, at most
+    /// the SM count `devices` prints). Default 0 (off) until it is timed on a GPU.
     #[arg(long)]
     pub moe_front_groups: Option<u32>,
     /// I/O path: auto, io-uring or pread.
@@ -308,8 +308,8 @@ pub struct EngineArgs {
     #[arg(long)]
     pub vram_bytes: Option<ByteSize>,
     /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
-    /// gate/up of a decode step in one dispatch; all must run at once). 0 turns it off.
-    /// Default: the GPU's SM count where the driver reports it (NVIDIA), else off.
+    /// gate/up of a decode step in one dispatch; all must run at once: one an SM, at most
+    /// the SM count `devices` prints). Default 0 (off) until it is timed on a GPU.
     #[arg(long)]
     pub moe_front_groups: Option<u32>,
     /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread.
@@ -395,8 +395,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub vram_bytes: Option<ByteSize>,
     /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
-    /// gate/up of a decode step in one dispatch; all must run at once). 0 turns it off.
-    /// Default: the GPU's SM count where the driver reports it (NVIDIA), else off.
+    /// gate/up of a decode step in one dispatch; all must run at once: one an SM, at most
+    /// the SM count `devices` prints). Default 0 (off) until it is timed on a GPU.
     #[arg(long)]
     pub moe_front_groups: Option<u32>,
     /// I/O path: auto, io-uring or pread.

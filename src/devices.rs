@@ -28,6 +28,11 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
             d.max_invocations,
             d.subgroup_size.map(|s| s.to_string()).unwrap_or_else(|| "unknown".into()),
         );
+        if let Some(n) = d.sm_count {
+            println!(
+                "   {n} SMs: the fused MoE front's workgroups (`moe_front_groups`), one an SM, at most {n}"
+            );
+        }
         if !d.usable {
             println!("   not usable: needs Vulkan 1.2 and a compute queue");
         }

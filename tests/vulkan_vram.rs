@@ -127,8 +127,8 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         assert!(fused.map(|k| k["dispatches"].as_u64().unwrap()).sum::<u64>() > 0, "{kernels:?}");
         // Profiled steps replay their kept command buffer too, timestamps and all: the
         // replayed steps' kernels are counted (each ranks its 4 MoE layers, as does the
-        // step that recorded the buffer). Lavapipe reports no SM count, so the fused
-        // front is off by default and `route_table` ranks.
+        // step that recorded the buffer). The fused front is off by default, so
+        // `route_table` ranks.
         check_rankings(decode, "route_table");
         assert!(kernels.iter().all(|k| k["device"].as_f64().unwrap() > 0.0), "{kernels:?}");
         // Without the profile, device-routed decode steps after the first replay its kept

@@ -90,7 +90,7 @@ impl VulkanBackend {
         arenas: ArenaRegistry,
         model: Arc<Model>,
         max_rows: usize,
-        (vram, front_groups): (VramSize, Option<u32>),
+        (vram, front_groups): (VramSize, u32),
     ) -> Result<VulkanBackend, VulkanError> {
         let c = model.cfg.clone();
         AttentionShape::of(&c).check()?;

@@ -47,7 +47,8 @@ pub struct DeviceInfo {
     pub subgroup_size: Option<u32>,
     /// Streaming multiprocessors, where the driver reports them (NVIDIA's
     /// VK_NV_shader_sm_builtins): how many workgroups of a kernel that needs all of its
-    /// workgroups resident at once (one an SM) a dispatch may have.
+    /// workgroups resident at once (one an SM, as `moe_front_groups` sets the fused MoE
+    /// front's) a dispatch may have.
     pub sm_count: Option<u32>,
     /// Whether the device can run this backend (Vulkan 1.2 and a compute queue).
     pub usable: bool,

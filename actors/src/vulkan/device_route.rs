@@ -162,15 +162,14 @@ impl DeviceRoutes {
     /// The device side for `model` when `tier` holds every expert in buffers one
     /// binding can cover ([`VramTier::holds_all`]); `None` otherwise (steps are then
     /// host-routed). Each step's ranking goes to `io`, which the host reads. A fused
-    /// front runs `front_groups` workgroups (0: none; `None`: the device's SM count where
-    /// the driver reports it, else none).
+    /// front runs `front_groups` workgroups (0: none).
     pub fn new(
         ctx: &Arc<VulkanContext>,
         kernels: &Kernels,
         model: &Model,
         tier: Option<&VramTier>,
         io: &Subbuffer<[f32]>,
-        front_groups: Option<u32>,
+        front_groups: u32,
     ) -> Result<Option<DeviceRoutes>, VulkanError> {
         let Some(tier) = tier else { return Ok(None) };
         if !tier.holds_all(ctx.info.max_storage_buffer_range, MAX_BUFFERS) {
@@ -197,7 +196,7 @@ impl DeviceRoutes {
             sizes,
             layers: Vec::new(),
             combine: BTreeMap::new(),
-            front_groups: front_groups.or(ctx.info.sm_count).unwrap_or(0),
+            front_groups,
             front: BTreeMap::new(),
             front_sets: HashMap::new(),
             io: io.clone(),
