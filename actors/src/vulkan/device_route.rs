@@ -243,7 +243,15 @@ impl DeviceRoutes {
         }
         let kernel = match self.front.entry((dtype, router.dtype)) {
             btree_map::Entry::Occupied(e) => e.get().clone(),
-            btree_map::Entry::Vacant(e) => e.insert(kernels.gate_up_front(dtype, router.dtype)?).clone(),
+            btree_map::Entry::Vacant(e) => {
+                // The front is a faster form of kernels that exist: one the device cannot
+                // build leaves the step to them.
+                let k = kernels.gate_up_front(dtype, router.dtype).unwrap_or_else(|err| {
+                    tracing::warn!("the fused MoE front is off for {} experts: {err}", dtype.name());
+                    None
+                });
+                e.insert(k).clone()
+            }
         };
         let Some(kernel) = kernel else { return Ok(None) };
         let set = match self.front_sets.entry((Arc::as_ptr(buf.buffer()) as usize, l)) {
