@@ -1,7 +1,8 @@
 //! The Vulkan backend's VRAM tier on lavapipe (where it is off by default, so the tests
 //! turn it on with `--vram-bytes`): logits byte-identical with the tier off, holding
 //! every expert, and holding two; its counters add up (hits + fills = expert claims);
-//! bad sizes are clear errors; `serve` exports its metrics.
+//! the fused MoE front changes no byte either; bad sizes are clear errors; `serve`
+//! exports its metrics.
 #![cfg(feature = "vulkan")]
 
 mod common;
@@ -27,11 +28,14 @@ fn synth(dir: &Path, quant: Option<&str>) -> PathBuf {
     vault
 }
 
+/// `vault`'s manifest.
+fn manifest(vault: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(vault.join("manifest.json")).unwrap()).unwrap()
+}
+
 /// The blob strides of `vault`'s MoE layers, distinct, largest first.
 fn strides(vault: &Path) -> Vec<u64> {
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(vault.join("manifest.json")).unwrap()).unwrap();
-    let mut s: Vec<u64> = m["experts"]["layers"]
+    let mut s: Vec<u64> = manifest(vault)["experts"]["layers"]
         .as_array()
         .unwrap()
         .iter()
@@ -84,15 +88,23 @@ fn check_counters(out: &Value, slots: u64) {
     assert_eq!(held + t["slots"]["empty"].as_u64().unwrap(), slots, "{t}");
 }
 
-/// Checks that the decode regime's profile `decode` ranked each of the 4 MoE layers of
-/// every device-routed step with kernels named `ranking...`: the step that recorded the
-/// kept command buffer and each replay of it.
-fn check_rankings(decode: &Value, ranking: &str) {
+/// The MoE layers of `vault`.
+fn moe_layers(vault: &Path) -> u64 {
+    manifest(vault)["experts"]["layers"].as_array().unwrap().len() as u64
+}
+
+/// Checks that the decode regime's profile `decode` ranked each of the `layers` MoE
+/// layers of every device-routed step with kernels named `ranking...`: the step that
+/// recorded the kept command buffer and each replay of it.
+fn check_rankings(decode: &Value, ranking: &str, layers: u64) {
     let kernels = decode["kernels"].as_array().unwrap();
     let replayed = decode["replayed"].as_u64().unwrap();
     let named = |k: &&Value| k["name"].as_str().unwrap().starts_with(ranking);
     let tables = kernels.iter().filter(named).map(|k| k["dispatches"].as_u64().unwrap()).sum::<u64>();
-    assert!(replayed > 0 && tables >= 4 * (replayed + 1), "{replayed} replayed, {tables} rankings: {decode}");
+    assert!(
+        replayed > 0 && tables >= layers * (replayed + 1),
+        "{replayed} replayed, {tables} rankings: {decode}"
+    );
 }
 
 #[test]
@@ -129,7 +141,7 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         // replayed steps' kernels are counted (each ranks its 4 MoE layers, as does the
         // step that recorded the buffer). The fused front is off by default, so
         // `route_table` ranks.
-        check_rankings(decode, "route_table");
+        check_rankings(decode, "route_table", 4);
         assert!(kernels.iter().all(|k| k["device"].as_f64().unwrap() > 0.0), "{kernels:?}");
         // Without the profile, device-routed decode steps after the first replay its kept
         // command buffer: the same bytes.
@@ -157,7 +169,7 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", "1"]);
         assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{quant:?}: front");
         check_counters(&out, all);
-        check_rankings(&out["stats"]["profile"]["regimes"][1], "gate_up_front_");
+        check_rankings(&out["stats"]["profile"]["regimes"][1], "gate_up_front_", 4);
         for extra in [&["--moe-front-groups", "1", "--spec-depth", "3"][..], &["--moe-front-groups", "4"]] {
             let (out, logits) = run(dir.path(), &vault, 1 << 30, extra);
             assert!(
@@ -176,6 +188,21 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         );
         check_counters(&out, 2);
         assert!(out["stats"]["vram"]["evictions"].as_u64().unwrap() > 0, "{out}");
+    }
+}
+
+/// The fused MoE front on GGUF vaults, whose routers are f32 (the synth vaults' are
+/// bf16), one with Q4_K gate/up and Q6_K down projections: the same bytes as without it,
+/// and it ran.
+#[test]
+fn the_fused_front_reads_f32_routers_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["gguf_f32", "gguf_q4_k_m"] {
+        let vault = convert_gguf(name, dir.path());
+        let (_, reference) = run(dir.path(), &vault, 1 << 30, &[]);
+        let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", "1"]);
+        assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}");
+        check_rankings(&out["stats"]["profile"]["regimes"][1], "gate_up_front_", moe_layers(&vault));
     }
 }
 
