@@ -1,6 +1,6 @@
 // The router's ranking of one token, shared by route.comp (a workgroup a token) and
-// matmul.comp's RANK gate/up (every workgroup of a device-routed decode step ranks the
-// token itself, so no ranking dispatch precedes it): the softmax of the token's gate
+// matmul.comp's FRONT gate/up (every workgroup of a device-routed decode step's fused
+// front ranks the token itself, so no ranking dispatch hands it over): the softmax of the token's gate
 // logits, then its `ranks` most probable experts in descending probability (equal
 // probabilities to the lower index, as actors/src/router/rank.rs ranks them; NaN
 // probabilities unranked, a rank with no expert NONE), and the first k probabilities as
