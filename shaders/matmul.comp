@@ -212,9 +212,10 @@ void unpack(vec4 q, out float v[CHUNK]) {
 #define FOR_A(B) FOR_K(FOR_R(FOR_I({ const uint a = ACC(k, r, i); B })))
 #define FOR_KI(B) FOR_K(FOR_I({ const uint a = ACC(k, r, i); const uint ra = k * TB + i; B }))
 // The shared tree needs one row's accumulators per invocation; FLAG_COMBINE (m=1) keeps up
-// to MAX_RPT rows per lane group in it. Sizing it by RPT (a specialization constant)
+// to MAX_RPT rows per lane group in it (the front's gate/up never combines, and its large
+// workgroups keep shared memory small). Sizing it by RPT (a specialization constant)
 // instead crashed lavapipe running the batched kernels.
-#if TB == 1
+#if TB == 1 && !defined(FRONT)
 shared float red[NA * WG_SIZE];
 #else
 shared float red[NACC * TB * WG_SIZE];

@@ -41,6 +41,13 @@ const M1_WG: u32 = 128;
 /// sized for many workgroups an SM. Not yet tuned on a GPU.
 pub const FRONT_WG: u32 = 512;
 
+/// Weight chunks each lane of the front gate/up loads before using them (the chunk
+/// kernels': float types, Q8_0, Q4_0; the slice kernels take one slice at a time). Its
+/// one workgroup an SM has a fraction of the standalone gate/up's warps to hide memory
+/// latency with, so each lane keeps more loads in flight, as the `vulkan moe` probe's
+/// fused block did (eight chunks of each matrix). Not yet tuned on a GPU.
+pub const FRONT_UNROLL: u32 = 8;
+
 /// `ROUTER_T` of `shaders/router.glsl` for a router weight of `dtype`: 0 f32, 1 bf16,
 /// 2 f16; `None` for the types it does not read.
 pub fn router_type(dtype: DType) -> Option<u32> {
@@ -408,14 +415,14 @@ impl Kernels {
     /// The front of a device-routed decode step whose gate/up weights are `dtype` and
     /// whose router's are `router` (`gate_up_front_*`: `shaders/matmul.comp` with
     /// `FRONT`): the router, the ranking and the gate/up in one dispatch, the gate/up
-    /// tuned as `gate_up`, [`FRONT_WG`] invocations a workgroup (fewer where the device
-    /// allows fewer); `None` for a router type it does not read. Built on each call (the
+    /// tuned as `gate_up` but for [`FRONT_UNROLL`], [`FRONT_WG`] invocations a workgroup
+    /// (fewer where the device allows fewer); `None` for a router type it does not read. Built on each call (the
     /// caller keeps it).
     pub fn gate_up_front(&self, dtype: DType, router: DType) -> Result<Option<Kernel>, VulkanError> {
         let Some(router) = router_type(router) else { return Ok(None) };
         let t = self.tuning;
         let wg = FRONT_WG.min(self.device.physical_device().properties().max_compute_work_group_invocations);
-        let spec = Spec::Front { rows: t.rows_m1, unroll: t.unroll, lanes: t.lanes, wg, router };
+        let spec = Spec::Front { rows: t.rows_m1, unroll: FRONT_UNROLL, lanes: t.lanes, wg, router };
         Ok(Some(kernel(
             &self.device,
             &self.act_layout,
