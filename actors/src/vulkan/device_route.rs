@@ -229,7 +229,7 @@ impl DeviceRoutes {
 
     /// The fused front of layer `l` for gate/up weights of `dtype` in tier buffer `buf`
     /// and the router weight `router` (bound whole), and its set, built on first use;
-    /// `None` where the front is off or cannot read this router.
+    /// `None` where the front cannot read this router.
     fn front_kernel(
         &mut self,
         ctx: &VulkanContext,
@@ -238,7 +238,7 @@ impl DeviceRoutes {
         router: &DeviceWeight,
     ) -> Result<Option<(Kernel, Arc<DescriptorSet>)>, VulkanError> {
         let [range] = &router.ranges[..] else { return Ok(None) };
-        if self.front_groups == 0 || router.padded || !router.cols.is_multiple_of(8) {
+        if router.padded || !router.cols.is_multiple_of(8) {
             return Ok(None);
         }
         let kernel = match self.front.entry((dtype, router.dtype)) {
@@ -309,11 +309,15 @@ impl VulkanBackend {
         // One buffer holds the layer's experts: its down projection can combine them, and
         // where the ranking fits, the router, the ranking and the gate/up are one dispatch.
         let fused = if nb == 1 { routes.combine_kernel(&kernels, layout.down.dtype, k)? } else { None };
-        let router = self.weights.matrix(gate)?.w.clone();
         let front = match fused {
-            Some(_) if ne <= FRONT_MAX_E && ranks <= FRONT_MAX_RANKS && router.rows == ne => {
+            Some(_) if routes.front_groups > 0 && ne <= FRONT_MAX_E && ranks <= FRONT_MAX_RANKS => {
+                let router = &self.weights.matrix(gate)?.w;
                 let at = (l, layout.gate.dtype, &buffers[0]);
-                routes.front_kernel(&self.ctx, &kernels, at, &router)?
+                if router.rows == ne {
+                    routes.front_kernel(&self.ctx, &kernels, at, router)?
+                } else {
+                    None
+                }
             }
             _ => None,
         };
@@ -399,8 +403,10 @@ impl VulkanBackend {
         let layers = std::mem::take(&mut routes.layers);
         let row = self.a.routed_stride as usize;
         let at = |l: usize| self.io_routed + l * row;
-        let mut io = self.io.write().map_err(verr("reading the device routing"))?;
+        let io = self.io.read().map_err(verr("reading the device routing"))?;
         if layers.iter().any(|&(l, _)| io[at(l) + ne + k + 1].to_bits() != 0) {
+            drop(io);
+            let mut io = self.io.write().map_err(verr("clearing the fused front's marks"))?;
             for &(l, _) in &layers {
                 io[at(l) + ne + k + 1] = 0.0;
             }
