@@ -12,6 +12,7 @@ use vulkano::VulkanObject;
 
 use smoe_actors::vulkan::harness::MatmulTuning;
 use smoe_actors::vulkan::{spirv, Kernel, Kernels, Spec, TypedKernels, VulkanContext};
+use smoe_proto::DType;
 
 use crate::attention::SHAPE;
 use crate::fail;
@@ -267,6 +268,20 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             ];
             for (kernel, what) in others {
                 print_kernel(dev, kernel, what, &mut legend);
+            }
+            // The fused MoE front of each type (with a bf16 router, the synth vaults'): its
+            // registers and shared memory decide whether its workgroups, one an SM, fit.
+            for &ty in TYPES {
+                let front = kernels
+                    .gate_up_front(ty, DType::Bf16)
+                    .unwrap_or_else(|e| fail(1, format!("{ty} front: {e}")));
+                let Some(front) = front else { continue };
+                let c = front.spec.as_ref().map(Spec::constants).unwrap_or_default();
+                let what = format!(
+                    " (the fused front: rows {}, unroll {}, lanes {}, workgroup {})",
+                    c[0], c[1], c[2], c[3]
+                );
+                print_kernel(dev, &front, &what, &mut legend);
             }
         }
     }
