@@ -416,8 +416,8 @@ impl Kernels {
     /// whose router's are `router` (`gate_up_front_*`: `shaders/matmul.comp` with
     /// `FRONT`): the router, the ranking and the gate/up in one dispatch, the gate/up
     /// tuned as `gate_up` but for [`FRONT_UNROLL`], [`FRONT_WG`] invocations a workgroup
-    /// (fewer where the device allows fewer); `None` for a router type it does not read. Built on each call (the
-    /// caller keeps it).
+    /// (fewer where the device allows fewer); `None` for a router type it does not read.
+    /// Built on each call (the caller keeps it).
     pub fn gate_up_front(&self, dtype: DType, router: DType) -> Result<Option<Kernel>, VulkanError> {
         let Some(router) = router_type(router) else { return Ok(None) };
         let t = self.tuning;
