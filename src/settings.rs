@@ -227,6 +227,9 @@ impl EngineSettings {
         if self.vram_bytes.is_some() && self.backend != BackendKind::Vulkan {
             tracing::warn!("{} sizes the Vulkan backend's VRAM tier: ignored on the CPU", name("vram_bytes"));
         }
+        if self.moe_front_groups.is_some() && self.backend != BackendKind::Vulkan {
+            tracing::warn!("{} sets a Vulkan kernel: ignored on the CPU", name("moe_front_groups"));
+        }
         Ok(EngineOptions {
             max_context: self.max_context,
             state_snapshots: self.state_snapshots,

@@ -107,6 +107,9 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
     if let Some(n) = args.ring_slots {
         crate::settings::RING_SLOTS.check_usize(n)?;
     }
+    if let Some(n) = args.moe_front_groups {
+        crate::settings::MOE_FRONT_GROUPS.check(u64::from(n))?;
+    }
     let opts = EngineOptions {
         max_context: longest + args.tokens,
         ring: args.ring_slots.map_or(RingSize::Bytes(DEFAULT_RING_BYTES), RingSize::Slots),
