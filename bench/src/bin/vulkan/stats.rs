@@ -275,11 +275,13 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
                 let front = kernels
                     .gate_up_front(ty, DType::Bf16)
                     .unwrap_or_else(|e| fail(1, format!("{ty} front: {e}")));
-                let Some(front) = front else { continue };
-                let c = front.spec.as_ref().map(Spec::constants).unwrap_or_default();
+                let Some(front @ Kernel { spec: Some(Spec::Front { rows, unroll, lanes, wg, .. }), .. }) =
+                    front
+                else {
+                    continue;
+                };
                 let what = format!(
-                    " (the fused front: rows {}, unroll {}, lanes {}, workgroup {})",
-                    c[0], c[1], c[2], c[3]
+                    " (the fused front: rows {rows}, unroll {unroll}, lanes {lanes}, workgroup {wg})"
                 );
                 print_kernel(dev, &front, &what, &mut legend);
             }
