@@ -42,7 +42,7 @@ pub use backend::VulkanBackend;
 pub use context::{list_devices, DeviceInfo, VulkanContext};
 pub use experts::ExpertPath;
 pub use kv::VulkanKvCache;
-pub use pipelines::{spirv, Kernel, Kernels, Spec, TypedKernels};
+pub use pipelines::{spirv, Kernel, Kernels, Spec, Tiling, TypedKernels};
 pub use thread::VulkanPass;
 
 use crate::contract::ForwardError;

@@ -145,35 +145,35 @@ pub struct Kernel {
     pub layout: Arc<PipelineLayout>,
 }
 
-/// A kernel's specialization constants 0 to 3, by what they mean.
+/// How a matmul-family kernel (`shaders/matmul.comp`) splits its work: specialization
+/// constants 0 to 3.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiling {
+    /// Rows per lane group.
+    pub rows: u32,
+    /// Weight chunks each lane loads before using them.
+    pub unroll: u32,
+    /// Lanes that split one dot product.
+    pub lanes: u32,
+    /// Invocations per workgroup.
+    pub wg: u32,
+}
+
+impl std::fmt::Display for Tiling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Tiling { rows, unroll, lanes, wg } = self;
+        write!(f, "rows {rows}, unroll {unroll}, lanes {lanes}, workgroup {wg}")
+    }
+}
+
+/// A kernel's specialization constants, by what they mean.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Spec {
-    /// A matmul-family kernel (`shaders/matmul.comp`): rows per lane group, chunks each
-    /// lane loads ahead, lanes per row, invocations per workgroup.
-    Matmul {
-        /// Rows per lane group.
-        rows: u32,
-        /// Weight chunks each lane loads before using them.
-        unroll: u32,
-        /// Lanes that split one dot product.
-        lanes: u32,
-        /// Invocations per workgroup.
-        wg: u32,
-    },
-    /// A front gate/up (`shaders/matmul.comp` with `FRONT`): the matmul constants, then
+    /// A matmul-family kernel (`shaders/matmul.comp`).
+    Matmul(Tiling),
+    /// A front gate/up (`shaders/matmul.comp` with `FRONT`): the matmul's tiling, then
     /// the router's weight type (constant 4; [`router_type`]).
-    Front {
-        /// Rows per lane group.
-        rows: u32,
-        /// Weight chunks each lane loads before using them.
-        unroll: u32,
-        /// Lanes that split one dot product.
-        lanes: u32,
-        /// Invocations per workgroup.
-        wg: u32,
-        /// The router's weight type.
-        router: u32,
-    },
+    Front(Tiling, u32),
     /// The split attention kernel's shape (`shaders/attention.comp`'s `HD`, `GQ`, `SR`,
     /// `PR`; [`super::attention::AttentionKernels::split_for`]).
     Attention([u32; 4]),
@@ -183,32 +183,32 @@ impl Spec {
     /// The constants, with ids from 0.
     pub fn constants(&self) -> Vec<u32> {
         match *self {
-            Spec::Matmul { rows, unroll, lanes, wg } => vec![rows, unroll, lanes, wg],
-            Spec::Front { rows, unroll, lanes, wg, router } => vec![rows, unroll, lanes, wg, router],
+            Spec::Matmul(t) => vec![t.rows, t.unroll, t.lanes, t.wg],
+            Spec::Front(t, router) => vec![t.rows, t.unroll, t.lanes, t.wg, router],
             Spec::Attention(c) => c.to_vec(),
         }
     }
 }
 
 impl Kernel {
+    /// How a matmul-family kernel splits its work; `None` for the others.
+    pub fn tiling(&self) -> Option<Tiling> {
+        match self.spec {
+            Some(Spec::Matmul(t) | Spec::Front(t, _)) => Some(t),
+            _ => None,
+        }
+    }
+
     /// Output rows one workgroup computes: lane groups × rows per lane group for the
     /// matmul kernels, 1 for the others.
     pub fn rows_per_wg(&self) -> u32 {
-        match self.spec {
-            Some(Spec::Matmul { rows, lanes, wg, .. } | Spec::Front { rows, lanes, wg, .. }) => {
-                wg / lanes * rows
-            }
-            _ => 1,
-        }
+        self.tiling().map_or(1, |t| t.wg / t.lanes * t.rows)
     }
 
     /// Rows one lane group computes: the matmul kernels' rows per lane group, 1 for the
     /// others.
     pub fn rows_per_lane_group(&self) -> u32 {
-        match self.spec {
-            Some(Spec::Matmul { rows, .. } | Spec::Front { rows, .. }) => rows,
-            _ => 1,
-        }
+        self.tiling().map_or(1, |t| t.rows)
     }
 
     /// Layout of the kernel's own descriptor set (set 0).
@@ -408,7 +408,8 @@ impl Kernels {
         {
             return Ok(None);
         }
-        let spec = Spec::Matmul { rows: t.rows_down, unroll: t.unroll, lanes: t.lanes, wg: wg as u32 };
+        let spec =
+            Spec::Matmul(Tiling { rows: t.rows_down, unroll: t.unroll, lanes: t.lanes, wg: wg as u32 });
         Ok(Some(kernel(&self.device, &self.act_layout, &format!("matvec_{}", dtype.name()), Some(spec))?))
     }
 
@@ -422,7 +423,7 @@ impl Kernels {
         let Some(router) = router_type(router) else { return Ok(None) };
         let t = self.tuning;
         let wg = FRONT_WG.min(self.device.physical_device().properties().max_compute_work_group_invocations);
-        let spec = Spec::Front { rows: t.rows_m1, unroll: FRONT_UNROLL, lanes: t.lanes, wg, router };
+        let spec = Spec::Front(Tiling { rows: t.rows_m1, unroll: FRONT_UNROLL, lanes: t.lanes, wg }, router);
         Ok(Some(kernel(
             &self.device,
             &self.act_layout,
@@ -444,7 +445,7 @@ impl Kernels {
                 &self.device,
                 &self.act_layout,
                 &name,
-                Some(Spec::Matmul { rows, unroll, lanes: t.lanes, wg }),
+                Some(Spec::Matmul(Tiling { rows, unroll, lanes: t.lanes, wg })),
             )
         };
         let rows_batched = if dtype.is_block() { t.rows_batched_blocks } else { t.rows_batched };

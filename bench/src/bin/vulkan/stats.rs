@@ -238,11 +238,10 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             (" as the wide matvec (an LM head)", typed(|t| &t.matvec_wide)),
         ];
         for (role, kernel) in all.iter().flat_map(|(role, ks)| ks.iter().map(move |k| (role, k))) {
-            let Some(spec @ Spec::Matmul { .. }) = kernel.spec else {
+            let Some(Spec::Matmul(tiling)) = kernel.spec else {
                 fail(1, format!("{} has no matmul specialization", kernel.module))
             };
-            let c = spec.constants();
-            let what = format!("{role} (rows {}, unroll {}, lanes {}, workgroup {})", c[0], c[1], c[2], c[3]);
+            let what = format!("{role} ({tiling})");
             print_kernel(dev, kernel, &what, &mut legend);
         }
         if t == d {
@@ -275,14 +274,10 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
                 let front = kernels
                     .gate_up_front(ty, DType::Bf16)
                     .unwrap_or_else(|e| fail(1, format!("{ty} front: {e}")));
-                let Some(front @ Kernel { spec: Some(Spec::Front { rows, unroll, lanes, wg, .. }), .. }) =
-                    front
-                else {
+                let Some(front @ Kernel { spec: Some(Spec::Front(tiling, _)), .. }) = front else {
                     continue;
                 };
-                let what = format!(
-                    " (the fused front: rows {rows}, unroll {unroll}, lanes {lanes}, workgroup {wg})"
-                );
+                let what = format!(" (the fused front: {tiling})");
                 print_kernel(dev, &front, &what, &mut legend);
             }
         }
