@@ -168,7 +168,8 @@ pub struct VerifyArgs {
     pub vram_bytes: Option<ByteSize>,
     /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
     /// gate/up of a decode step in one dispatch; all must run at once: one an SM, at most
-    /// the SM count `devices` prints). Default 0 (off) until it is timed on a GPU.
+    /// the SM count `devices` prints; 0: off). Default: that SM count where the driver
+    /// reports it (NVIDIA), else off.
     #[arg(long)]
     pub moe_front_groups: Option<u32>,
     /// I/O path: auto, io-uring or pread.
@@ -309,7 +310,8 @@ pub struct EngineArgs {
     pub vram_bytes: Option<ByteSize>,
     /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
     /// gate/up of a decode step in one dispatch; all must run at once: one an SM, at most
-    /// the SM count `devices` prints). Default 0 (off) until it is timed on a GPU.
+    /// the SM count `devices` prints; 0: off). Default: that SM count where the driver
+    /// reports it (NVIDIA), else off.
     #[arg(long)]
     pub moe_front_groups: Option<u32>,
     /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread.
@@ -396,7 +398,8 @@ pub struct ServeArgs {
     pub vram_bytes: Option<ByteSize>,
     /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
     /// gate/up of a decode step in one dispatch; all must run at once: one an SM, at most
-    /// the SM count `devices` prints). Default 0 (off) until it is timed on a GPU.
+    /// the SM count `devices` prints; 0: off). Default: that SM count where the driver
+    /// reports it (NVIDIA), else off.
     #[arg(long)]
     pub moe_front_groups: Option<u32>,
     /// I/O path: auto, io-uring or pread.

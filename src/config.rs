@@ -54,9 +54,10 @@ pub struct Config {
     pub vram_bytes: Option<ByteSize>,
     /// Workgroups of the Vulkan backend's fused MoE front: a device-routed decode step's
     /// router, ranking and expert gate/up in one dispatch, whose workgroups must all run
-    /// at once (one an SM: at most the SM count `smoe-pipeline devices` prints). Default
-    /// 0 (off) until it is timed on a GPU. If they do not all run at once, the step is
-    /// computed again the usual way and the front is turned off (a warning says so).
+    /// at once (one an SM: at most the SM count `smoe-pipeline devices` prints; 0: off).
+    /// Default: that SM count where the driver reports it (NVIDIA), else off. If they do
+    /// not all run at once, the step is computed again the usual way and the front is
+    /// turned off (a warning says so).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe_front_groups: Option<u32>,
     /// I/O path: `auto`, `io-uring` or `pread`.

@@ -30,7 +30,7 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         );
         if let Some(n) = d.sm_count {
             println!(
-                "   {n} SMs: the fused MoE front's workgroups (`moe_front_groups`), one an SM, at most {n}"
+                "   {n} SMs: the fused MoE front's workgroups (`moe_front_groups`), one an SM: {n} by default, at most {n}"
             );
         }
         if !d.usable {

@@ -238,7 +238,7 @@ impl EngineSettings {
             // Unset: what the device can spare beside the sessions' KV caches.
             vram: self.vram_bytes.map_or(VramSize::Auto { sessions }, |b| VramSize::Bytes(b.0)),
             lookahead: self.lookahead,
-            moe_front_groups: self.moe_front_groups.unwrap_or(0),
+            moe_front_groups: self.moe_front_groups,
         })
     }
 

@@ -115,7 +115,7 @@ pub fn run(args: &VerifyArgs) -> Result<()> {
         ring: args.ring_slots.map_or(RingSize::Bytes(DEFAULT_RING_BYTES), RingSize::Slots),
         streamer: StreamerOptions { io: args.io, ..Default::default() },
         vram: VramSize::Bytes(args.vram_bytes.map_or(0, |b| b.0)),
-        moe_front_groups: args.moe_front_groups.unwrap_or(0),
+        moe_front_groups: args.moe_front_groups,
         ..Default::default()
     };
     // Token-serial replay (blocks of one) and one layer-major pass per chunk size, all

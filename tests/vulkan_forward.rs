@@ -76,7 +76,7 @@ fn open_with(
     let engine = Engine::open(vault, opts, &alloc).unwrap();
     // These tests pick the expert paths; the VRAM tier (which replaces them) is off.
     let fwd =
-        VulkanPass::for_engine(ctx.clone(), &alloc, &engine, max_rows, (VramSize::Bytes(0), 0)).unwrap();
+        VulkanPass::for_engine(ctx.clone(), &alloc, &engine, max_rows, (VramSize::Bytes(0), None)).unwrap();
     (engine, fwd)
 }
 

@@ -50,9 +50,9 @@ pub struct EngineOptions {
     pub vram: VramSize,
     /// Workgroups of a Vulkan pass's fused MoE front (router, ranking and expert gate/up
     /// of a device-routed decode step in one dispatch, which needs them all resident at
-    /// once; 0: off, the default until it is timed on a GPU): config key and flag
-    /// `moe_front_groups`.
-    pub moe_front_groups: u32,
+    /// once; 0: off; `None`: the device's SM count where the driver reports it, one
+    /// workgroup an SM, else off): config key and flag `moe_front_groups`.
+    pub moe_front_groups: Option<u32>,
     /// Experts of the next MoE layer a prefill block reads ahead while a layer computes
     /// (0: off); see [`crate::executor::moe::MoeStep::set_lookahead`].
     pub lookahead: usize,
@@ -66,7 +66,7 @@ impl Default for EngineOptions {
             ring: RingSize::Bytes(DEFAULT_RING_BYTES),
             streamer: StreamerOptions::default(),
             vram: VramSize::Auto { sessions: 1 },
-            moe_front_groups: 0,
+            moe_front_groups: None,
             lookahead: 0,
         }
     }

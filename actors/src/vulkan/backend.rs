@@ -84,13 +84,14 @@ impl VulkanBackend {
     /// Uploads the resident weights of `model` and sizes everything for `max_rows`
     /// tokens; `arenas` are the ring arenas whose slots kernels read in place; `vram`
     /// sizes the VRAM tier, `front_groups` sets the fused MoE front's workgroups
-    /// ([`crate::engine::EngineOptions::moe_front_groups`]).
+    /// ([`crate::engine::EngineOptions::moe_front_groups`]; `None`: the device's SM
+    /// count where reported, else off).
     pub fn new(
         ctx: Arc<VulkanContext>,
         arenas: ArenaRegistry,
         model: Arc<Model>,
         max_rows: usize,
-        (vram, front_groups): (VramSize, u32),
+        (vram, front_groups): (VramSize, Option<u32>),
     ) -> Result<VulkanBackend, VulkanError> {
         let c = model.cfg.clone();
         AttentionShape::of(&c).check()?;
@@ -116,6 +117,9 @@ impl VulkanBackend {
         // Zeroed once: the host clears a fused front's give-up marks after reading them.
         io.write().map_err(verr("clearing the readback buffer"))?.fill(0.0);
         let greedy_set = set0(&ctx, &kernels.argmax_final, &[io.clone().into_bytes()])?;
+        // One workgroup an SM is what the front was timed at (bench/README.md); a device
+        // that does not report its SMs does not get it unasked.
+        let front_groups = front_groups.unwrap_or_else(|| ctx.info.sm_count.unwrap_or(0));
         let routes = DeviceRoutes::new(&ctx, &kernels, &model, ex.vram.as_ref(), &io, front_groups)?;
         let act_set = DescriptorSet::new(
             ctx.descriptors.clone(),

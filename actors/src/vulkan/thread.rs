@@ -119,7 +119,7 @@ pub struct VulkanPass {
     tally: ClaimTally,
     /// The VRAM tier's setting and the fused MoE front's workgroups (siblings get the
     /// same).
-    device: (VramSize, u32),
+    device: (VramSize, Option<u32>),
     spec_depth: usize,
     trace: Option<Vec<ClaimEvent>>,
 }
@@ -134,7 +134,7 @@ impl VulkanPass {
         alloc: &VulkanAllocator,
         engine: &Engine,
         max_rows: usize,
-        device: (VramSize, u32),
+        device: (VramSize, Option<u32>),
     ) -> Result<VulkanPass, VulkanError> {
         VulkanPass::start(ctx, alloc.registry(), engine, max_rows, device)
     }
@@ -151,7 +151,7 @@ impl VulkanPass {
         arenas: ArenaRegistry,
         engine: &Engine,
         max_rows: usize,
-        device: (VramSize, u32),
+        device: (VramSize, Option<u32>),
     ) -> Result<VulkanPass, VulkanError> {
         let model = engine.model.clone();
         let (c, a, e) = (ctx.clone(), arenas.clone(), engine.clone());

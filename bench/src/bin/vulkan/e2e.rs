@@ -60,7 +60,7 @@ fn run_vulkan(
     // An expert path is measured with the VRAM tier (which replaces it) off.
     let vram = if path.is_some() { VramSize::Bytes(0) } else { opts.vram };
     let mut fwd =
-        VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk, (vram, 0)).expect("vulkan forward");
+        VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk, (vram, None)).expect("vulkan forward");
     if let Some(p) = path {
         fwd.set_expert_path(p).expect("path");
     }
@@ -126,7 +126,7 @@ fn diag_run(
     let alloc = VulkanAllocator::new(ctx.clone());
     let opts = EngineOptions { max_context: 256, ring: RingSize::Slots(slots), ..Default::default() };
     let engine = Engine::open(vault, &opts, &alloc).expect("engine");
-    let mut fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk, (VramSize::Bytes(0), 0))
+    let mut fwd = VulkanPass::for_engine(ctx.clone(), &alloc, &engine, chunk, (VramSize::Bytes(0), None))
         .expect("forward");
     fwd.set_expert_path(path).expect("path");
     greedy_logits(&mut fwd, prompt, steps)
