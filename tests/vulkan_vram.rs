@@ -1,8 +1,8 @@
 //! The Vulkan backend's VRAM tier on lavapipe (where it is off by default, so the tests
 //! turn it on with `--vram-bytes`): logits byte-identical with the tier off, holding
 //! every expert, and holding two; its counters add up (hits + fills = expert claims);
-//! the fused MoE front changes no byte either; bad sizes are clear errors; `serve`
-//! exports its metrics.
+//! the fused MoE front changes no byte either, nor device routing of a hybrid model's
+//! decode steps; bad sizes are clear errors; `serve` exports its metrics.
 #![cfg(feature = "vulkan")]
 
 mod common;
@@ -203,6 +203,27 @@ fn the_fused_front_reads_f32_routers_byte_for_byte() {
         let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", "1"]);
         assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}");
         check_rankings(&out["stats"]["profile"]["regimes"][1], "gate_up_front_", moe_layers(&vault));
+    }
+}
+
+/// A hybrid model (DeltaNet states updated in place) routes its decode steps on the device
+/// too: a void step's states go back to the copy kept before it, so the step that runs
+/// again host-routed starts from them. The same bytes as with the tier off, with and
+/// without the fused front (one workgroup), and both paths ran.
+#[test]
+fn hybrid_decode_routes_on_the_device_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = dir.path().join("hybrid.vault");
+    run_ok(&["synth", "--out", vault.to_str().unwrap(), "--preset", "tiny-hybrid", "--seed", "3"]);
+    let (_, reference) = run(dir.path(), &vault, 0, &[]);
+    for front in ["0", "1"] {
+        let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", front]);
+        assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "front {front}");
+        // `Phase::ALL` index 12: device-routed MoE steps; 6: the host-routed router gate, which
+        // decode runs only when a device-routed step was void (an expert not in the tier yet).
+        let phases = &out["stats"]["profile"]["regimes"][1]["phases"];
+        assert!(phases[12]["calls"].as_u64().unwrap() > 0, "front {front}: {phases}");
+        assert!(phases[6]["calls"].as_u64().unwrap() > 0, "front {front}: no void step ran again: {phases}");
     }
 }
 

@@ -332,6 +332,17 @@ pub trait Backend {
     fn route_on_device(&mut self, layer: usize, _gate: &TensorRef, _bets: usize) -> Result<(), ForwardError> {
         Err(ForwardError::Device(format!("layer {layer}: this backend cannot route on its device")))
     }
+    /// Before a device-routed pass over a cache with recurrent states (updated in place,
+    /// so a void pass cannot simply run again): records a copy of `kv`'s states that
+    /// [`Backend::restore_states`] puts back. The default keeps none (an error).
+    fn keep_states(&mut self, _kv: &Self::Kv) -> Result<(), ForwardError> {
+        Err(ForwardError::Device("this backend keeps no copy of recurrent states".into()))
+    }
+    /// After a void device-routed pass: records the copy of [`Backend::keep_states`] back
+    /// into `kv`'s states, ahead of the pass that runs again.
+    fn restore_states(&mut self, _kv: &Self::Kv) -> Result<(), ForwardError> {
+        Err(ForwardError::Device("this backend keeps no copy of recurrent states".into()))
+    }
     /// After the sync point ending a pass recorded with [`Backend::route_on_device`]:
     /// writes each such layer's ranked experts (top-k, then the bets) to `ranks[layer]`
     /// and says whether every routed expert was on the device. If one was not, nothing

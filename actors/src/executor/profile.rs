@@ -166,6 +166,14 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn route_on_device(&mut self, layer: usize, gate: &TensorRef, bets: usize) -> Result<(), ForwardError> {
         self.op(None, Phase::DeviceMoe, |b| b.route_on_device(layer, gate, bets))
     }
+    // The state copies come before a pass's first phase (as the cache's own state
+    // operations do), so they are not timed as one.
+    fn keep_states(&mut self, kv: &B::Kv) -> Result<(), ForwardError> {
+        self.b.keep_states(kv)
+    }
+    fn restore_states(&mut self, kv: &B::Kv) -> Result<(), ForwardError> {
+        self.b.restore_states(kv)
+    }
     fn device_routes(&mut self, ranks: &mut [Vec<u16>]) -> Result<bool, ForwardError> {
         self.b.device_routes(ranks)
     }

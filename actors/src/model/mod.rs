@@ -408,15 +408,25 @@ pub fn forward<'b, B: Backend>(
     want_logits: bool,
 ) -> Result<Option<&'b [f32]>, ForwardError> {
     let (start, m) = (kv.len(), tokens.len());
-    // A device-routed step is speculative, so only a pass that can run again from the
-    // same cache routes on the device: recurrent states are updated in place.
-    let on_device = model.cfg.hybrid.is_none() && moe.may_route_on_device(b, m);
-    let mut run = pass(b, moe, model, kv, tokens, want_logits, on_device);
+    // A device-routed step is speculative: a void one runs again from the same cache.
+    // Recurrent states are updated in place, so the backend keeps a copy of them first.
+    let on_device = moe.may_route_on_device(b, m);
+    let recurrent = model.cfg.hybrid.is_some();
+    let mut run = match on_device && recurrent {
+        true => b.keep_states(kv),
+        false => Ok(()),
+    };
+    if run.is_ok() {
+        run = pass(b, moe, model, kv, tokens, want_logits, on_device);
+    }
     if on_device && run.is_ok() {
         run = match moe.settle_device(b) {
             Ok(true) => Ok(()),
             // A routed expert was not on the device: the pass runs again host-routed,
-            // rewriting the same positions of the cache.
+            // rewriting the same positions of the cache (and the states it started from).
+            Ok(false) if recurrent => {
+                b.restore_states(kv).and_then(|()| pass(b, moe, model, kv, tokens, want_logits, false))
+            }
             Ok(false) => pass(b, moe, model, kv, tokens, want_logits, false),
             Err(e) => Err(e),
         };

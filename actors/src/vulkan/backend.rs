@@ -702,6 +702,14 @@ impl Backend for VulkanBackend {
         self.record_device_route(layer, gate, bets)
     }
 
+    fn keep_states(&mut self, kv: &VulkanKvCache) -> Result<(), ForwardError> {
+        self.record_kept_states(kv, true)
+    }
+
+    fn restore_states(&mut self, kv: &VulkanKvCache) -> Result<(), ForwardError> {
+        self.record_kept_states(kv, false)
+    }
+
     fn device_routes(&mut self, ranks: &mut [Vec<u16>]) -> Result<bool, ForwardError> {
         self.read_device_routes(ranks)
     }

@@ -170,8 +170,10 @@ impl VramTier {
             VramSize::Bytes(b) => b,
             VramSize::Auto { .. } if ctx.info.unified_memory => return Ok(None),
             VramSize::Auto { sessions } => {
-                let kv =
-                    kv_cache_bytes(&model.cfg, model.max_context, model.state_snapshots) * sessions as u64;
+                // A hybrid session keeps one more copy of its states while its decode steps
+                // route on the device (counted as a snapshot).
+                let copies = model.state_snapshots + 1;
+                let kv = kv_cache_bytes(&model.cfg, model.max_context, copies) * sessions as u64;
                 let (spare, margin) = spare(heap, held + kv);
                 tracing::info!(
                     "VRAM tier sized from the device: heap {heap} − {held} held by the pass − {kv} of KV for \
