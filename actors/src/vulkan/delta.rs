@@ -174,13 +174,13 @@ pub(crate) struct DeltaLayer {
 
 /// A session's DeltaNet states on the device: every layer's conv then recurrent state in
 /// one buffer (each layer's region 256-byte aligned, so a set binds it alone), and up to
-/// `state_snapshots` copies of that buffer, allocated when first used, and one more that
-/// a device-routed decode step keeps to start again from (also allocated when first
-/// used). Shared by the clones of a cache.
+/// `state_snapshots` copies of that buffer, allocated when first used, and where decode
+/// steps route on the device one more, allocated with the session, that such a step
+/// keeps to start again from. Shared by the clones of a cache.
 pub(crate) struct DeltaStates {
     live: Subbuffer<[f32]>,
     slots: Mutex<Vec<Option<Subbuffer<[f32]>>>>,
-    kept: Mutex<Option<Subbuffer<[f32]>>>,
+    kept: Option<Subbuffer<[f32]>>,
     layers: Vec<Option<DeltaLayer>>,
 }
 
@@ -198,20 +198,13 @@ impl DeltaStates {
     }
 
     /// Records a copy of the live states into the kept one (`keep`) or back (`!keep`).
-    fn record_kept(&self, ctx: &VulkanContext, rec: &mut Recorder, keep: bool) -> Result<(), VulkanError> {
-        let mut kept =
-            self.kept.lock().map_err(|_| VulkanError::Vulkan("a state lock was poisoned".into()))?;
-        match (kept.clone(), keep) {
-            (Some(k), true) => rec.copy(self.live.clone(), k),
-            (None, true) => {
-                let k = device_buffer::<f32>(ctx, self.live.len(), BufferUsage::empty())?;
-                *kept = Some(k.clone());
-                rec.copy(self.live.clone(), k)
-            }
-            (Some(k), false) => rec.copy(k, self.live.clone()),
-            (None, false) => {
-                Err(VulkanError::Vulkan("restoring DeltaNet states that were never kept".into()))
-            }
+    fn record_kept(&self, rec: &mut Recorder, keep: bool) -> Result<(), VulkanError> {
+        let Some(kept) = self.kept.clone() else {
+            return Err(VulkanError::Vulkan("this session keeps no copy of its DeltaNet states".into()));
+        };
+        match keep {
+            true => rec.copy(self.live.clone(), kept),
+            false => rec.copy(kept, self.live.clone()),
         }
     }
 
@@ -274,7 +267,13 @@ impl VulkanBackend {
             layers.push(Some(DeltaLayer { conv: conv_set, delta, rec_off }));
         }
         let slots = Mutex::new(vec![None; self.model.state_snapshots]);
-        Ok(Some(Arc::new(DeltaStates { live, slots, kept: Mutex::new(None), layers })))
+        // Allocated now, not at the first device-routed step: a device short of memory
+        // says so when the session starts, not in the middle of a stream.
+        let kept = match self.routes {
+            Some(_) => Some(device_buffer::<f32>(&self.ctx, live.len(), BufferUsage::empty())?),
+            None => None,
+        };
+        Ok(Some(Arc::new(DeltaStates { live, slots, kept, layers })))
     }
 
     /// [`crate::contract::Backend::keep_states`] (`keep`) and
@@ -282,8 +281,7 @@ impl VulkanBackend {
     /// states.
     pub(super) fn record_kept_states(&mut self, kv: &VulkanKvCache, keep: bool) -> Result<(), ForwardError> {
         let Some(states) = kv.states.clone() else { return Ok(()) };
-        let ctx = self.ctx.clone();
-        Ok(states.record_kept(&ctx, self.rec()?, keep)?)
+        Ok(states.record_kept(self.rec()?, keep)?)
     }
 
     /// Records the state copies `kv` waits for, ahead of its next block.
