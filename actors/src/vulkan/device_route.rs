@@ -176,14 +176,16 @@ impl DeviceRoutes {
             tracing::info!("decode steps are host-routed: the VRAM tier cannot hold every expert at once");
             return Ok(None);
         }
-        match front_groups {
-            0 => tracing::info!("decode steps route on the device (the fused MoE front is off)"),
-            n => tracing::info!(
-                "decode steps route on the device, the fused MoE front with {n} workgroups \
-                 (`moe_front_groups`; 0 turns it off)"
-            ),
-        }
         let c = &model.cfg;
+        let front = match front_groups {
+            0 => "the fused MoE front off".to_string(),
+            n => format!("the fused MoE front with {n} workgroups (`moe_front_groups`; 0 turns it off)"),
+        };
+        let states = match c.hybrid {
+            Some(_) => "; each session keeps a second copy of its DeltaNet states to start a void step again",
+            None => "",
+        };
+        tracing::info!("decode steps route on the device, {front}{states}");
         let words = 2 * c.num_hidden_layers * c.num_experts;
         let slots = upload_buffer::<u32>(ctx, words as u64, BufferUsage::STORAGE_BUFFER)?;
         let sizes = device_buffer::<DispatchIndirectCommand>(
