@@ -74,7 +74,7 @@ impl RouteJob {
 
     /// Sets the request: route `rows` tokens of decoder layer `layer` (the executor then
     /// supplies the input and says which with [`RouteJob::set_input`]). For a single token, `bets` more experts beyond top-k are ranked as speculative
-    /// prefetches for the next token (see [`RouteJob::place_bets`]; 0 disables; ignored
+    /// prefetches for the next token (read back by [`RouteJob::bets`]; 0 disables; ignored
     /// for blocks).
     pub fn request(&mut self, layer: usize, rows: usize, bets: usize) {
         assert!(rows > 0 && rows * self.k <= self.topk_e.len(), "routing {rows} rows exceeds the job's size");

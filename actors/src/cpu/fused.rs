@@ -11,7 +11,7 @@
 //! - element `i` of the row goes to lane `i % 16`: `acc = fma(w, x, acc)`;
 //! - the lanes are combined in the fixed tree of the plain types (`quant::combine`).
 //!
-//! [`accumulate`] and [`dots`] are that order in plain Rust (`f32::mul_add` is a fused
+//! `accumulate` and `dots` are that order in plain Rust (`f32::mul_add` is a fused
 //! multiply-add on every target), `avx2::Dot` the same operations eight lanes wide on
 //! weights formed in registers, so all give the same bits; [`Fused`] holds rows' weights
 //! formed once for many tokens.

@@ -348,11 +348,11 @@ thread_local! {
 /// Batched sibling of [`matvec`]: `out[t][r] = W[r] · xs[t]` for `m` rows of `xs`
 /// (`xs` is `m × cols`, `out` is `m × rows`). Each element is computed by the same
 /// [`row_dot`] as the m=1 kernel; blocks of weight rows are reused across tokens. A
-/// block-format matrix (not f16: F16C widens it as it goes) with [`DECODE_ONCE`] tokens
+/// block-format matrix (not f16: F16C widens it as it goes) with `DECODE_ONCE` tokens
 /// or more has each block of rows' weights formed once ([`QuantMatrix::fuse_rows`]) and
 /// multiplied by [`fused::dots`], the very accumulation of the in-register product, so
 /// the bytes are those of [`row_dot`]; with AVX2 four tokens at a time go over a block's
-/// fused rows a chunk of columns at a time ([`super::panels`]), the same operations in the
+/// fused rows a chunk of columns at a time (`super::panels`), the same operations in the
 /// same order.
 pub fn matmul(w: &WeightView<'_>, xs: &[f32], m: usize, out: &mut [f32]) {
     let (rows, cols) = (w.rows, w.cols);

@@ -5,7 +5,7 @@
 //! and trace every claim; withdraw the rest of the announcements when a claim fails;
 //! combine the expert outputs; then queue a decode step's bets and record the union.
 //! A prefill block's layer, once routed, also reads ahead for the next MoE layer
-//! ([`Lookahead`]).
+//! (`Lookahead`).
 
 use std::sync::Arc;
 

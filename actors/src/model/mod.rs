@@ -58,9 +58,9 @@ pub struct AttentionRefs {
     pub v: TensorRef,
     /// Output projection [hidden, heads·head_dim].
     pub o: TensorRef,
-    /// Per-head RMSNorm on queries [head_dim].
+    /// Per-head RMSNorm on queries \[head_dim\].
     pub q_norm: TensorRef,
-    /// Per-head RMSNorm on keys [head_dim].
+    /// Per-head RMSNorm on keys \[head_dim\].
     pub k_norm: TensorRef,
     /// Output gate [heads·head_dim, hidden] (hybrid models: the gate half of `q_proj`).
     pub output_gate: Option<TensorRef>,
@@ -87,7 +87,7 @@ pub struct DeltaNetRefs {
     pub a_log: TensorRef,
     /// Time-step bias per value head, f32.
     pub dt_bias: TensorRef,
-    /// Gated RMSNorm weight [value_head_dim], f32.
+    /// Gated RMSNorm weight \[value_head_dim\], f32.
     pub norm: TensorRef,
     /// Output projection [hidden, value_heads·value_head_dim].
     pub out_proj: TensorRef,
@@ -117,9 +117,9 @@ pub struct LayerRefs {
 /// first `rotary_dim` dims of a head (all of them but for partial RoPE) and leaves the
 /// rest as they are.
 pub struct RopeTable {
-    /// cos(pos · inv_freq[i]).
+    /// cos(pos · inv_freq\[i\]).
     pub cos: Vec<f32>,
-    /// sin(pos · inv_freq[i]).
+    /// sin(pos · inv_freq\[i\]).
     pub sin: Vec<f32>,
     /// rotary_dim / 2.
     pub half: usize,
@@ -165,7 +165,7 @@ pub struct Model {
     pub cfg: ModelConfig,
     /// Token embedding [vocab, hidden].
     pub embed: TensorRef,
-    /// Final RMSNorm [hidden].
+    /// Final RMSNorm \[hidden\].
     pub norm: TensorRef,
     /// LM head [vocab, hidden] (the embedding when tied).
     pub lm_head: TensorRef,

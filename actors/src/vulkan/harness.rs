@@ -136,7 +136,7 @@ impl KernelHarness {
     }
 
     /// Uploads `w` (Q6_K) to device-local memory in the padded block layout an LM head
-    /// gets ([`super::buffers::Q6K_PADDED_BLOCK`]); only its m=1 products run.
+    /// gets (`super::buffers::Q6K_PADDED_BLOCK`); only its m=1 products run.
     pub fn padded_weight(&self, w: &WeightView<'_>) -> Result<TestWeight, VulkanError> {
         let buf = self.device_weight(w, true)?;
         let set = set0(&self.ctx, &self.kernels.typed(w.dtype())?.matvec, std::slice::from_ref(&buf))?;

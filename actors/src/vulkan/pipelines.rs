@@ -172,7 +172,7 @@ pub enum Spec {
     /// A matmul-family kernel (`shaders/matmul.comp`).
     Matmul(Tiling),
     /// A front gate/up (`shaders/matmul.comp` with `FRONT`): the matmul's tiling, then
-    /// the router's weight type (constant 4; [`router_type`]).
+    /// the router's weight type (constant 4; `router_type`).
     Front(Tiling, u32),
     /// The split attention kernel's shape (`shaders/attention.comp`'s `HD`, `GQ`, `SR`,
     /// `PR`; [`super::attention::AttentionKernels::split_for`]).
@@ -222,7 +222,7 @@ impl Kernel {
 pub struct TypedKernels {
     /// m=1 matrix-vector product.
     pub matvec: Kernel,
-    /// `matvec` with [`MatmulTuning::rows_wide`] rows per lane group, for matrices of at least
+    /// `matvec` with `MatmulTuning::rows_wide` rows per lane group, for matrices of at least
     /// [`super::record::WIDE_ROWS`] rows (the same bytes: rows per lane group never change
     /// a summation order).
     pub matvec_wide: Kernel,
@@ -232,14 +232,14 @@ pub struct TypedKernels {
     pub gate_up: Kernel,
     /// Token-batched sibling of `gate_up`.
     pub gate_up_batched: Kernel,
-    /// The m=1 expert down projection: `matvec` with [`MatmulTuning::rows_down`] rows
+    /// The m=1 expert down projection: `matvec` with `MatmulTuning::rows_down` rows
     /// per lane group (its batched sibling is `matmul`).
     pub down: Kernel,
     /// The embedding lookup, for the types the host does not widen (every type but f32
     /// and bf16): rows widened or dequantised on the device.
     pub embed: Option<Kernel>,
     /// Q6_K only: `matvec` and `matvec_wide` for matrices in the padded block layout
-    /// (`matvec_q6_k_padded`, [`super::buffers::Q6K_PADDED_BLOCK`]).
+    /// (`matvec_q6_k_padded`, `super::buffers::Q6K_PADDED_BLOCK`).
     pub padded: Option<[Kernel; 2]>,
 }
 
@@ -416,7 +416,7 @@ impl Kernels {
     /// The front of a device-routed decode step whose gate/up weights are `dtype` and
     /// whose router's are `router` (`gate_up_front_*`: `shaders/matmul.comp` with
     /// `FRONT`): the router, the ranking and the gate/up in one dispatch, the gate/up
-    /// tuned as `gate_up` but for [`FRONT_UNROLL`], [`FRONT_WG`] invocations a workgroup
+    /// tuned as `gate_up` but for `FRONT_UNROLL`, `FRONT_WG` invocations a workgroup
     /// (fewer where the device allows fewer); `None` for a router type it does not read.
     /// Built on each call (the caller keeps it).
     pub fn gate_up_front(&self, dtype: DType, router: DType) -> Result<Option<Kernel>, VulkanError> {

@@ -73,7 +73,7 @@ pub struct MatmulArgs {
     /// Routing-buffer offset of the routing weights (with [`FLAG_COMBINE`]).
     pub wt_off: u32,
     /// Tokens one workgroup row of a token-batched product without [`FLAG_TABLE`] takes
-    /// (a multiple of [`BATCH_TOKENS`]; 0: all of them). [`Recorder::matmul`] sets it.
+    /// (a multiple of `BATCH_TOKENS`; 0: all of them). [`Recorder::matmul`] sets it.
     pub span: u32,
 }
 
@@ -351,7 +351,7 @@ impl Recorder {
     }
 
     /// A dense product of a `dtype` matrix bound in `set`: [`Self::matmul`], or for a
-    /// matrix in its padded block layout (`padded`; [`super::buffers::Q6K_PADDED_BLOCK`])
+    /// matrix in its padded block layout (`padded`; `super::buffers::Q6K_PADDED_BLOCK`)
     /// the m=1 product by the padded kernel, the same bytes. Padded matrices have no
     /// batched products.
     pub fn dense(
@@ -396,7 +396,7 @@ impl Recorder {
     /// dispatch of `groups` workgroups, all resident at once): `kernel` is
     /// [`super::pipelines::Kernels::gate_up_front`]'s, `a` the gate/up's arguments over
     /// `a.groups` experts, `front` the router's and ranking's push constants
-    /// ([`super::device_route::RouteTableArgs::front_words`]).
+    /// (`super::device_route::RouteTableArgs::front_words`).
     pub fn gate_up_front(
         &mut self,
         kernel: &Kernel,

@@ -6,7 +6,7 @@
 //! ever claimed, held or not). A duel picks which one evicts: two *shadow* directories
 //! of the class's size — expert ids only, no memory — see the same claims, one run by
 //! each ranking, and count the hits each would have had; whichever has hit more over
-//! the recent claims (a claim's outcome weighs e^(−age / ([`WINDOW`] × slots)), its age
+//! the recent claims (a claim's outcome weighs e^(−age / (`WINDOW` × slots)), its age
 //! counted in claims) picks the victim. An empty slot is always taken first.
 //!
 //! Why both (`bench/README.md`, measured on the engine's claim traces of synthetic

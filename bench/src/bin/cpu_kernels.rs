@@ -6,7 +6,7 @@
 //! formats are timed round-robin in the same run (median of the rounds), so the ratios
 //! hold on a noisy machine.
 //!
-//! Usage: cpu_kernels [ROWS COLS] [TOKENS] [ROUNDS]
+//! Usage: `cpu_kernels [ROWS COLS] [TOKENS] [ROUNDS]`
 //! (default: a Qwen3-30B-A3B expert's gate/up shape, 768 × 2048; 16 tokens; 7 rounds)
 
 use std::time::{Duration, Instant};

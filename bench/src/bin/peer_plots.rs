@@ -3,8 +3,8 @@
 //! decoded token — with smoe-pipeline's bar beside llama.cpp's for every condition
 //! (format, memory cap, prompt length).
 //!
-//! Usage: peer_plots CSV OUT_PREFIX [FONT.ttf]
-//! writes OUT_PREFIX-ra<KiB>.png; the font (default DejaVu Sans) draws the text.
+//! Usage: `peer_plots CSV OUT_PREFIX [FONT.ttf]`
+//! writes `OUT_PREFIX-ra<KiB>.png`; the font (default DejaVu Sans) draws the text.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;

@@ -6,7 +6,7 @@
 //! ratio ours/llama and, per block format, the mean and largest ratio and the worst
 //! tensor. Tensors the two vaults store in different formats are counted and skipped.
 //!
-//! Usage: quant_rmse SRC_VAULT LABEL OURS_VAULT LLAMA_VAULT [LABEL OURS_VAULT LLAMA_VAULT]...
+//! Usage: `quant_rmse SRC_VAULT LABEL OURS_VAULT LLAMA_VAULT [LABEL OURS_VAULT LLAMA_VAULT]...`
 
 use std::collections::BTreeMap;
 use std::fs::File;

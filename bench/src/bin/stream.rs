@@ -4,7 +4,7 @@
 //! same disk (sequential 4 MiB reads, like `fio --rw=read --bs=4m --direct=1`, and
 //! random blob-sized reads at queue depth 1).
 //!
-//! Usage: stream VAULT [BLOBS_PER_RUN] [RING_SLOTS]
+//! Usage: `stream VAULT [BLOBS_PER_RUN] [RING_SLOTS]`
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

@@ -5,7 +5,7 @@
 //! and with the optimum (Belady: evict the expert claimed furthest ahead), in the same
 //! run.
 //!
-//!   tier_replay TRACE [SHARE ...]
+//!   `tier_replay TRACE [SHARE ...]`
 //!
 //! SHARE: tier sizes as fractions of the trace's layers' experts (default 0.25 0.5).
 //! Decode claims are those of single-token blocks after the prompt (the trace's first
