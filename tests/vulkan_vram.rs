@@ -218,6 +218,7 @@ fn hybrid_decode_routes_on_the_device_byte_for_byte() {
     let (_, reference) = run(dir.path(), &vault, 0, &[]);
     for front in ["0", "1"] {
         let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", front]);
+        assert_eq!(logits.len(), reference.len(), "front {front}");
         assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "front {front}");
         // `Phase::ALL` index 12: device-routed MoE steps; 6: the host-routed router gate, which
         // decode runs only when a device-routed step was void (an expert not in the tier yet).

@@ -411,11 +411,8 @@ pub fn forward<'b, B: Backend>(
     // A device-routed step is speculative: a void one runs again from the same cache.
     // Recurrent states are updated in place, so the backend keeps a copy of them first.
     let on_device = moe.may_route_on_device(b, m);
-    let recurrent = model.cfg.hybrid.is_some();
-    let mut run = match on_device && recurrent {
-        true => b.keep_states(kv),
-        false => Ok(()),
-    };
+    let keep = on_device && model.cfg.hybrid.is_some();
+    let mut run = if keep { b.keep_states(kv) } else { Ok(()) };
     if run.is_ok() {
         run = pass(b, moe, model, kv, tokens, want_logits, on_device);
     }
@@ -424,10 +421,10 @@ pub fn forward<'b, B: Backend>(
             Ok(true) => Ok(()),
             // A routed expert was not on the device: the pass runs again host-routed,
             // rewriting the same positions of the cache (and the states it started from).
-            Ok(false) if recurrent => {
-                b.restore_states(kv).and_then(|()| pass(b, moe, model, kv, tokens, want_logits, false))
+            Ok(false) => {
+                let restored = if keep { b.restore_states(kv) } else { Ok(()) };
+                restored.and_then(|()| pass(b, moe, model, kv, tokens, want_logits, false))
             }
-            Ok(false) => pass(b, moe, model, kv, tokens, want_logits, false),
             Err(e) => Err(e),
         };
     }

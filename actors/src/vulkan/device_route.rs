@@ -318,15 +318,15 @@ impl VulkanBackend {
         // One buffer holds the layer's experts: its down projection can combine them, and
         // where the ranking fits, the router, the ranking and the gate/up are one dispatch.
         let fused = if nb == 1 { routes.combine_kernel(&kernels, layout.down.dtype, k)? } else { None };
+        let router = &self.weights.matrix(gate)?.w;
         let front = match fused {
-            Some(_) if routes.front_groups > 0 && ne <= FRONT_MAX_E && ranks <= FRONT_MAX_RANKS => {
-                let router = &self.weights.matrix(gate)?.w;
-                let at = (l, layout.gate.dtype, &buffers[0]);
-                if router.rows == ne {
-                    routes.front_kernel(&self.ctx, &kernels, at, router)?
-                } else {
-                    None
-                }
+            Some(_)
+                if routes.front_groups > 0
+                    && ne <= FRONT_MAX_E
+                    && ranks <= FRONT_MAX_RANKS
+                    && router.rows == ne =>
+            {
+                routes.front_kernel(&self.ctx, &kernels, (l, layout.gate.dtype, &buffers[0]), router)?
             }
             _ => None,
         };
