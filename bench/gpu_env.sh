@@ -16,24 +16,27 @@ gpu_env() {
 }
 
 # The vault of quant $1 (any `synth --quant` value) for resident_q30: sets v to its name
-# (bf16: q30, q4_k_m: q30q, another: q30-QUANT) and q to its synth flags.
+# (bf16: q30, q4_k_m: q30q, another: q30-QUANT; PRESET-lLAYERS-QUANT where $PRESET or
+# $LAYERS is set) and q to its synth flags.
 q30_quant() {
   case $1 in
   bf16) v=q30 q=() ;;
   q4_k_m) v=q30q q=(--quant q4_k_m) ;;
   *) v=q30-$1 q=(--quant "$1") ;;
   esac
+  [ -z "${PRESET:-}${LAYERS:-}" ] || v=${PRESET:-qwen3-30b-a3b}-l${LAYERS:-3}-$1
 }
 
 # Resident decode on a q30 synth (gpu_decode_ab.sh, gpu_greedy_ab.sh): `resident_q30 BIN
-# NAME [SYNTH ARGS]` writes `synth --preset qwen3-30b-a3b --out /tmp/NAME SYNTH ARGS` when
+# NAME [SYNTH ARGS]` writes `synth --preset $PRESET --out /tmp/NAME SYNTH ARGS` ($PRESET
+# defaults to qwen3-30b-a3b; any `synth --preset`, hybrids included) when
 # /tmp/NAME is missing and sets `flags` to generate's flags for it: Vulkan device 0, the
 # VRAM tier holding every expert, a 512-token prompt in one chunk, $TOKENS (default 256)
 # tokens past EOS.
 resident_q30() {
   local bin=$1 name=$2
   shift 2
-  [ -d "/tmp/$name" ] || "$bin" synth --preset qwen3-30b-a3b --out "/tmp/$name" "$@" | tail -1
+  [ -d "/tmp/$name" ] || "$bin" synth --preset "${PRESET:-qwen3-30b-a3b}" --out "/tmp/$name" "$@" | tail -1
   local ids all
   ids=$(python3 -c "print(','.join(str((i*7919+13)%151936) for i in range(512)))")
   # Every expert of every MoE layer at its layer's blob stride.

@@ -2,13 +2,15 @@
 # Resident greedy decode of several builds on a lent GPU (the `device` tool), profiled and
 # unprofiled, interleaved in one run: the per-token figure that moves least between runs is
 # the profile's device-busy time (about ±1% run to run, where tok/s moves ±3%).
-# 3-layer `synth --preset qwen3-30b-a3b` vaults (gpu_env.sh's resident_q30: the VRAM tier
+# 3-layer `synth --preset qwen3-30b-a3b` vaults (PRESET and LAYERS pick another preset and
+# depth, e.g. PRESET=qwen3-next-80b-a3b LAYERS=4; gpu_env.sh's resident_q30: the VRAM tier
 # holding every expert, a 512-token prompt, 256 greedy tokens), one run thrown away first,
 # then ROUNDS rounds of every build profiled (`generate --profile`: the decode phase's
 # summary and device-busy lines), then ROUNDS rounds unprofiled (decode tok/s), then
 # whether each build's token ids equal the first build's.
 #
-#   [QUANTS="q4_k_m bf16"] [ROUNDS=2] [TOKENS=256] [PROFILE=0] bash bench/gpu_profile_ab.sh BIN...
+#   [QUANTS="q4_k_m bf16"] [ROUNDS=2] [TOKENS=256] [PROFILE=0] [PRESET=P] [LAYERS=N] \
+#     bash bench/gpu_profile_ab.sh BIN...
 #
 # BIN are release `smoe-pipeline` binaries (stripped is fine) with distinct file names,
 # which label them; the first is the reference for the ids. QUANTS picks the vaults (any
@@ -20,7 +22,7 @@
 # 0.5 s, where the decode ends: the clock falls to a few hundred MHz while a long vault
 # load idles the GPU, and a build that does little work may decode before it is back.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,21p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,23p "$0" >&2; exit 2; }
 bins=()
 for b in "$@"; do bins+=("$(realpath "$b")"); done
 # Runs are filed under the builds' file names.
@@ -70,7 +72,7 @@ print(f', SM clock over the last 0.5 s {min(mhz)}-{max(mhz)} MHz' if mhz else ''
 }
 for quant in ${QUANTS:-q4_k_m bf16}; do
   q30_quant "$quant"
-  resident_q30 "${bins[0]}" $v --layers 3 "${q[@]}"
+  resident_q30 "${bins[0]}" $v --layers "${LAYERS:-3}" "${q[@]}"
   flags+=(--json)
   "${bins[0]}" generate "${flags[@]}" >/dev/null 2>&1 || true
   for round in $(seq "${ROUNDS:-2}"); do

@@ -164,6 +164,11 @@ pub fn generate_json(vault: &Path, prompt: &[u32], n: usize, logits: &Path, extr
 /// [`generate_json`] keeping no logits (as `serve` runs: a greedy step then hands back
 /// only its greedy choice), unless `extra` asks for them.
 pub fn generate_json_no_logits(vault: &Path, prompt: &[u32], n: usize, extra: &[&str]) -> Value {
+    generate_json_logged(vault, prompt, n, extra).0
+}
+
+/// [`generate_json_no_logits`], also handing back what the run logged (its stderr).
+pub fn generate_json_logged(vault: &Path, prompt: &[u32], n: usize, extra: &[&str]) -> (Value, String) {
     let p = ids_arg(prompt);
     let n = n.to_string();
     let mut args = vec![
@@ -178,7 +183,10 @@ pub fn generate_json_no_logits(vault: &Path, prompt: &[u32], n: usize, extra: &[
         "--json",
     ];
     args.extend_from_slice(extra);
-    serde_json::from_str(&run_ok(&args)).expect("generate --json prints JSON")
+    let out = run(&args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "smoe-pipeline {args:?} failed:\n{err}");
+    (serde_json::from_slice(&out.stdout).expect("generate --json prints JSON"), err)
 }
 
 /// Token ids of a JSON array field.
