@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use smoe_actors::executor::BackendKind;
+use smoe_actors::streamer::IoChoice;
 
 use crate::quant::Quant;
 use crate::settings::ByteSize;
@@ -272,7 +274,7 @@ pub struct GenerateArgs {
     pub logits_out: Option<PathBuf>,
     /// Engine and I/O settings.
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub engine: EngineFlags,
     /// Write one JSON line per expert claim (pos, rows, layer, expert, hit, bytes).
     #[arg(long)]
     pub trace_out: Option<PathBuf>,
@@ -291,16 +293,21 @@ pub struct GenerateArgs {
     pub warmup: bool,
 }
 
-/// Engine settings shared by the commands that run a model.
-#[derive(Args, Debug, Clone)]
-pub struct EngineArgs {
-    /// Longest sequence (prompt + generated) to size the KV cache for.
-    #[arg(long, default_value_t = 8192)]
-    pub max_context: usize,
-    /// Ring slots (each holds one expert); default: what the memory available leaves, at most every expert.
+/// The engine flags of `generate` and `serve`. A flag left out takes the value of the
+/// config key of the same name: for `generate` its default, for `serve` the config
+/// file's (the defaults are [`Config`](crate::config::Config)'s).
+#[derive(Args, Debug, Clone, Default)]
+pub struct EngineFlags {
+    /// Longest sequence (prompt + generated tokens) a session holds, which sizes its KV
+    /// cache. Default 8192.
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Ring slots (each holds one expert). Default: what the memory available leaves
+    /// beside the resident tensors and KV caches, at most every expert.
     #[arg(long, conflicts_with = "ring_bytes")]
     pub ring_slots: Option<usize>,
-    /// Ring size (alternative to --ring-slots), with an optional unit: 4096, 512MiB, 12G.
+    /// Ring size (instead of --ring-slots), with an optional unit: 4096, 512MiB, 12G.
+    /// Default: as for --ring-slots.
     #[arg(long)]
     pub ring_bytes: Option<ByteSize>,
     /// Vulkan VRAM tier (device-local copies of experts, filled from the ring), with an
@@ -314,28 +321,29 @@ pub struct EngineArgs {
     /// reports it (NVIDIA), else off.
     #[arg(long)]
     pub moe_front_groups: Option<u32>,
-    /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread.
-    #[arg(long, default_value = "auto")]
-    pub io: smoe_actors::streamer::IoChoice,
-    /// Reads in flight (io_uring) or reader threads (pread).
-    #[arg(long, default_value_t = 8)]
-    pub queue_depth: usize,
-    /// Prompt tokens per layer-major prefill chunk.
-    #[arg(long, default_value_t = 512)]
-    pub chunk_size: usize,
+    /// I/O path: auto (io_uring, falling back to pread), io-uring, or pread. Default auto.
+    #[arg(long)]
+    pub io: Option<IoChoice>,
+    /// Reads in flight (io_uring) or reader threads (pread). Default 8.
+    #[arg(long)]
+    pub queue_depth: Option<usize>,
+    /// Prompt tokens per layer-major prefill chunk. Default 512.
+    #[arg(long)]
+    pub chunk_size: Option<usize>,
     /// Gate ranks beyond top-k queued as speculative prefetches during decode (0: off).
-    #[arg(long, default_value_t = 0)]
-    pub spec_depth: usize,
+    /// Default 0.
+    #[arg(long)]
+    pub spec_depth: Option<usize>,
     /// Experts of the next MoE layer a prefill chunk reads ahead while a layer computes
-    /// (0: off), 0-65536.
-    #[arg(long, default_value_t = 0)]
-    pub lookahead: usize,
-    /// Compute backend: cpu (the reference) or vulkan.
-    #[arg(long, default_value = "cpu")]
-    pub backend: smoe_actors::executor::BackendKind,
-    /// Vulkan device index (see `smoe-pipeline devices`).
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// (0: off), 0-65536. Default 0.
+    #[arg(long)]
+    pub lookahead: Option<usize>,
+    /// Compute backend: cpu (the reference) or vulkan. Default cpu.
+    #[arg(long)]
+    pub backend: Option<BackendKind>,
+    /// Vulkan device index (see `smoe-pipeline devices`). Default 0.
+    #[arg(long)]
+    pub device: Option<usize>,
 }
 
 /// How the prompt is run.
@@ -378,45 +386,9 @@ pub struct ServeArgs {
     /// Log filter (error, warn, info, debug, trace).
     #[arg(long)]
     pub log_level: Option<String>,
-    /// Compute backend (cpu or vulkan).
-    #[arg(long)]
-    pub backend: Option<String>,
-    /// Vulkan device index (see `smoe-pipeline devices`).
-    #[arg(long)]
-    pub device: Option<usize>,
-    /// Longest sequence (prompt + completion) per session.
-    #[arg(long)]
-    pub max_context: Option<usize>,
-    /// Ring slots (one expert each).
-    #[arg(long, conflicts_with = "ring_bytes")]
-    pub ring_slots: Option<usize>,
-    /// Ring size, with an optional unit: 4096, 512MiB, 12G.
-    #[arg(long)]
-    pub ring_bytes: Option<ByteSize>,
-    /// Vulkan VRAM tier size, with an optional unit (0: off).
-    #[arg(long)]
-    pub vram_bytes: Option<ByteSize>,
-    /// Workgroups of the Vulkan backend's fused MoE front (router, ranking and expert
-    /// gate/up of a decode step in one dispatch; all must run at once: one an SM, at most
-    /// the SM count `devices` prints; 0: off). Default: that SM count where the driver
-    /// reports it (NVIDIA), else off.
-    #[arg(long)]
-    pub moe_front_groups: Option<u32>,
-    /// I/O path: auto, io-uring or pread.
-    #[arg(long)]
-    pub io: Option<String>,
-    /// Reads in flight (io_uring) or reader threads (pread).
-    #[arg(long)]
-    pub queue_depth: Option<usize>,
-    /// Prompt tokens per layer-major prefill chunk.
-    #[arg(long)]
-    pub chunk_size: Option<usize>,
-    /// Gate ranks beyond top-k read speculatively during decode (0: off).
-    #[arg(long)]
-    pub spec_depth: Option<usize>,
-    /// Experts of the next MoE layer a prefill chunk reads ahead (0: off), 0-65536.
-    #[arg(long)]
-    pub lookahead: Option<usize>,
+    /// Engine and I/O settings.
+    #[command(flatten)]
+    pub engine: EngineFlags,
     /// Token streams kept with their KV caches for prefix reuse.
     #[arg(long)]
     pub max_sessions: Option<usize>,
@@ -447,4 +419,33 @@ pub struct ServeArgs {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// What the help of `generate --FLAG` gives as the default (`... Default 8192.`).
+    fn stated_default(flag: &str) -> String {
+        let cli = Cli::command();
+        let generate = cli.find_subcommand("generate").expect("generate");
+        let arg = generate.get_arguments().find(|a| a.get_id() == flag).expect(flag);
+        let help = arg.get_help().expect(flag).to_string();
+        let (_, value) = help.rsplit_once("Default ").unwrap_or_else(|| panic!("--{flag}: {help}"));
+        value.trim_end_matches('.').to_string()
+    }
+
+    /// The engine flags' help gives the defaults of the config keys they stand for.
+    #[test]
+    fn help_states_the_engine_defaults() {
+        let c = Config::default();
+        let numbers = ["max_context", "queue_depth", "chunk_size", "spec_depth", "lookahead", "device"];
+        let values = [c.max_context, c.queue_depth, c.chunk_size, c.spec_depth, c.lookahead, c.device];
+        assert_eq!(numbers.map(stated_default), values.map(|v| v.to_string()));
+        assert_eq!(stated_default("io").parse(), Ok(c.io));
+        assert_eq!(stated_default("backend").parse(), Ok(c.backend));
+    }
 }

@@ -4,14 +4,17 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use smoe_actors::engine::EngineOptions;
+use smoe_actors::executor::BackendKind;
 use smoe_actors::sampler::SamplingParams;
 use smoe_actors::state_book::DEFAULT_STATE_SNAPSHOTS;
+use smoe_actors::streamer::IoChoice;
 
-use crate::cli::ServeArgs;
+use crate::cli::{EngineFlags, ServeArgs};
 use crate::settings::{self, ByteSize, EngineSettings, Limit};
 
 /// Everything `smoe-pipeline serve` can be told. Field names are the TOML keys.
@@ -34,7 +37,8 @@ pub struct Config {
     /// `RUST_LOG` wins when set.
     pub log_level: String,
     /// Compute backend (`cpu` or `vulkan`).
-    pub backend: String,
+    #[serde(deserialize_with = "parsed")]
+    pub backend: BackendKind,
     /// Vulkan device index (see `smoe-pipeline devices`).
     pub device: usize,
     /// Longest sequence (prompt + completion) a session holds.
@@ -61,7 +65,8 @@ pub struct Config {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe_front_groups: Option<u32>,
     /// I/O path: `auto`, `io-uring` or `pread`.
-    pub io: String,
+    #[serde(deserialize_with = "parsed")]
+    pub io: IoChoice,
     /// Reads in flight (io_uring) or reader threads (pread).
     pub queue_depth: usize,
     /// Prompt tokens per layer-major prefill chunk.
@@ -128,6 +133,12 @@ const MIN_TIMEOUT: f64 = 0.1;
 /// Longest duration setting, in seconds.
 const MAX_SECONDS: f64 = 3600.0;
 
+/// Reads a value from its text with its [`FromStr`], so that the key takes exactly what the
+/// flag of the same name does (and fails with the same message).
+fn parsed<'de, D: Deserializer<'de>, T: FromStr<Err = String>>(d: D) -> Result<T, D::Error> {
+    String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+}
+
 /// Checks a duration key in seconds: finite, between `min` and an hour.
 fn seconds(key: &str, v: f64, min: f64) -> Result<()> {
     if !(v.is_finite() && (min..=MAX_SECONDS).contains(&v)) {
@@ -147,14 +158,14 @@ impl Default for Config {
             listen: "127.0.0.1:8080".into(),
             api_key: None,
             log_level: "info".into(),
-            backend: "cpu".into(),
+            backend: BackendKind::Cpu,
             device: 0,
             max_context: 8192,
             ring_slots: None,
             ring_bytes: None,
             vram_bytes: None,
             moe_front_groups: None,
-            io: "auto".into(),
+            io: IoChoice::Auto,
             queue_depth: 8,
             chunk_size: 512,
             spec_depth: 0,
@@ -212,16 +223,38 @@ impl Config {
 
     /// The config for `serve`: the file (if any), overridden by flags, validated.
     pub fn from_args(args: &ServeArgs) -> Result<Config> {
-        let mut c = match &args.config {
+        let file = match &args.config {
             Some(p) => Config::load(p)?,
             None => Config::default(),
         };
+        let mut c = file.with_engine_flags(&args.engine);
         c.apply_flags(args);
         c.validate()?;
         Ok(c)
     }
 
-    /// Replaces file values with the flags that were given.
+    /// This config with the engine keys replaced by the engine flags that were given; either
+    /// ring flag replaces both ring keys (they exclude each other).
+    fn with_engine_flags(self, f: &EngineFlags) -> Config {
+        let ring_given = f.ring_slots.is_some() || f.ring_bytes.is_some();
+        Config {
+            max_context: f.max_context.unwrap_or(self.max_context),
+            ring_slots: if ring_given { f.ring_slots } else { self.ring_slots },
+            ring_bytes: if ring_given { f.ring_bytes } else { self.ring_bytes },
+            vram_bytes: f.vram_bytes.or(self.vram_bytes),
+            moe_front_groups: f.moe_front_groups.or(self.moe_front_groups),
+            io: f.io.unwrap_or(self.io),
+            queue_depth: f.queue_depth.unwrap_or(self.queue_depth),
+            chunk_size: f.chunk_size.unwrap_or(self.chunk_size),
+            spec_depth: f.spec_depth.unwrap_or(self.spec_depth),
+            lookahead: f.lookahead.unwrap_or(self.lookahead),
+            backend: f.backend.unwrap_or(self.backend),
+            device: f.device.unwrap_or(self.device),
+            ..self
+        }
+    }
+
+    /// Replaces file values with the flags beyond the engine's that were given.
     fn apply_flags(&mut self, a: &ServeArgs) {
         fn set<T: Clone>(dst: &mut T, src: &Option<T>) {
             if let Some(v) = src {
@@ -237,30 +270,8 @@ impl Config {
         if a.api_key.is_some() {
             self.api_key = a.api_key.clone();
         }
-        if a.ring_slots.is_some() {
-            self.ring_slots = a.ring_slots;
-            self.ring_bytes = None;
-        }
-        if a.ring_bytes.is_some() {
-            self.ring_bytes = a.ring_bytes;
-            self.ring_slots = None;
-        }
-        if a.vram_bytes.is_some() {
-            self.vram_bytes = a.vram_bytes;
-        }
-        if a.moe_front_groups.is_some() {
-            self.moe_front_groups = a.moe_front_groups;
-        }
         set(&mut self.listen, &a.listen);
         set(&mut self.log_level, &a.log_level);
-        set(&mut self.backend, &a.backend);
-        set(&mut self.device, &a.device);
-        set(&mut self.max_context, &a.max_context);
-        set(&mut self.io, &a.io);
-        set(&mut self.queue_depth, &a.queue_depth);
-        set(&mut self.chunk_size, &a.chunk_size);
-        set(&mut self.spec_depth, &a.spec_depth);
-        set(&mut self.lookahead, &a.lookahead);
         set(&mut self.max_sessions, &a.max_sessions);
         set(&mut self.state_snapshots, &a.state_snapshots);
         set(&mut self.max_queue, &a.max_queue);
@@ -270,11 +281,6 @@ impl Config {
         set(&mut self.body_read_timeout, &a.body_read_timeout);
         set(&mut self.idle_timeout, &a.idle_timeout);
         set(&mut self.max_connections, &a.max_connections);
-    }
-
-    /// The compute backend; the error names the key.
-    pub fn backend_kind(&self) -> Result<smoe_actors::executor::BackendKind> {
-        self.backend.parse().map_err(|e| anyhow!("invalid config: `backend`: {e}"))
     }
 
     /// Checks every key's range; the error names the key.
@@ -292,7 +298,7 @@ impl Config {
                 self.log_level
             )
         })?;
-        self.engine_settings()?.validate()?;
+        self.engine_settings().validate()?;
         MAX_SESSIONS.check_usize(self.max_sessions)?;
         MAX_QUEUE.check_usize(self.max_queue)?;
         seconds("shutdown_grace", self.shutdown_grace, 0.0)?;
@@ -334,29 +340,29 @@ impl Config {
         })
     }
 
-    /// The engine keys, parsed (the error names the key); ranges are checked by
-    /// [`EngineSettings::validate`], the same check the command-line flags get.
-    pub fn engine_settings(&self) -> Result<EngineSettings> {
-        Ok(EngineSettings {
+    /// The engine keys; their ranges are checked by [`EngineSettings::validate`], the same
+    /// check the command-line flags get.
+    pub fn engine_settings(&self) -> EngineSettings {
+        EngineSettings {
             max_context: self.max_context,
             ring_slots: self.ring_slots,
             ring_bytes: self.ring_bytes,
             vram_bytes: self.vram_bytes,
             moe_front_groups: self.moe_front_groups,
-            io: self.io.parse().map_err(|e| anyhow!("invalid config: `io`: {e}"))?,
+            io: self.io,
             queue_depth: self.queue_depth,
             chunk_size: self.chunk_size,
             spec_depth: self.spec_depth,
             lookahead: self.lookahead,
-            backend: self.backend_kind()?,
+            backend: self.backend,
             device: self.device,
             state_snapshots: self.state_snapshots,
-        })
+        }
     }
 
     /// Engine options for opening the vault in `vault`.
     pub fn engine_options(&self, vault: &Path) -> Result<EngineOptions> {
-        self.engine_settings()?.engine_options(vault, self.max_sessions)
+        self.engine_settings().engine_options(vault, self.max_sessions)
     }
 
     /// Sampling parameters for a request that set none, before per-request overrides.
@@ -378,6 +384,14 @@ impl Config {
             shown.api_key = Some("<set>".into());
         }
         toml::to_string(&shown).context("cannot print the config")
+    }
+}
+
+impl From<&EngineFlags> for EngineSettings {
+    /// The settings `generate` runs with: the config keys' defaults, overridden by the
+    /// engine flags given (as `serve`'s flags override its config file).
+    fn from(flags: &EngineFlags) -> Self {
+        Config::default().with_engine_flags(flags).engine_settings()
     }
 }
 
@@ -411,6 +425,20 @@ mod tests {
         assert!(err("max_sessions = -1").contains("`max_sessions`"));
         assert!(err("state_snapshots = 100").contains("`state_snapshots` (--state-snapshots)"));
         Config::parse("state_snapshots = 0", "x").unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn engine_flags_override_the_keys_they_set() {
+        let file = Config::parse("ring_slots = 4\nchunk_size = 7\nio = \"io_uring\"", "x").unwrap();
+        let flags = EngineFlags {
+            ring_bytes: Some(ByteSize(1 << 20)),
+            backend: Some(BackendKind::Vulkan),
+            ..EngineFlags::default()
+        };
+        let c = file.with_engine_flags(&flags);
+        assert_eq!((c.ring_slots, c.ring_bytes), (None, Some(ByteSize(1 << 20))));
+        assert_eq!((c.chunk_size, c.io, c.backend), (7, IoChoice::IoUring, BackendKind::Vulkan));
+        assert_eq!(EngineSettings::from(&EngineFlags::default()), Config::default().engine_settings());
     }
 
     #[test]

@@ -20,12 +20,13 @@ use crate::tokenizer::{self, Detokenizer};
 
 /// Runs `generate` with parsed arguments.
 pub fn run(args: &GenerateArgs) -> Result<()> {
+    let settings = EngineSettings::from(&args.engine);
     let rows = match args.prefill {
-        PrefillMode::LayerMajor => args.engine.chunk_size,
+        PrefillMode::LayerMajor => settings.chunk_size,
         PrefillMode::Serial => 1,
     };
-    let opts = EngineSettings::from(&args.engine).engine_options(&args.vault, 1)?;
-    let (engine, mut fwd) = open_engine(&args.vault, &opts, args.engine.backend, args.engine.device, rows)?;
+    let opts = settings.engine_options(&args.vault, 1)?;
+    let (engine, mut fwd) = open_engine(&args.vault, &opts, settings.backend, settings.device, rows)?;
     let model = Arc::clone(&engine.model);
     let tok = match &args.prompt {
         Some(_) => Some(tokenizer::load(&args.vault)?),
@@ -53,7 +54,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         max_tokens: args.max_tokens,
         sampling,
         ignore_eos: args.ignore_eos,
-        spec_depth: args.engine.spec_depth,
+        spec_depth: settings.spec_depth,
         logits: args.logits_out.is_some(),
     };
 
@@ -181,7 +182,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 "decode_bytes_read": stats.decode_claims.bytes,
                 "process_read_bytes_prefill": io_first.zip(io_start).map(|(b, a)| b - a),
                 "process_read_bytes_decode": io_end.zip(io_first).map(|(b, a)| b - a),
-                "spec_depth": args.engine.spec_depth,
+                "spec_depth": settings.spec_depth,
                 "bets_issued": ring.bets_issued,
                 "bets_used": ring.bets_used,
                 "bet_bytes": ring.bet_bytes,
@@ -205,7 +206,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         });
         v["stats"]["vram"] = vram.unwrap_or(serde_json::Value::Null);
         let reads = json!({
-            "lookahead": args.engine.lookahead,
+            "lookahead": settings.lookahead,
             "lookahead_reads": ring.lookahead_reads,
             "lookahead_bytes": ring.lookahead_bytes,
             "lookahead_used": ring.lookahead_used,

@@ -13,11 +13,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smoe_actors::engine::{EngineOptions, RingSize, VramSize, DEFAULT_RING_BYTES};
 use smoe_actors::executor::BackendKind;
 use smoe_actors::ring::budget::{self, RingBudget, RingNeeds};
-use smoe_actors::state_book::DEFAULT_STATE_SNAPSHOTS;
 use smoe_actors::streamer::{IoChoice, StreamerOptions};
 use smoe_actors::vault::read_manifest;
-
-use crate::cli::EngineArgs;
 
 /// The allowed range of one integer setting, named by its config key (the flag is the
 /// key with `-` for `_`).
@@ -272,24 +269,11 @@ impl EngineSettings {
     }
 }
 
-impl From<&EngineArgs> for EngineSettings {
-    fn from(a: &EngineArgs) -> Self {
-        EngineSettings {
-            max_context: a.max_context,
-            ring_slots: a.ring_slots,
-            ring_bytes: a.ring_bytes,
-            vram_bytes: a.vram_bytes,
-            moe_front_groups: a.moe_front_groups,
-            io: a.io,
-            queue_depth: a.queue_depth,
-            chunk_size: a.chunk_size,
-            spec_depth: a.spec_depth,
-            lookahead: a.lookahead,
-            backend: a.backend,
-            device: a.device,
-            // Serve only (`state_snapshots`); a single session keeps the default.
-            state_snapshots: DEFAULT_STATE_SNAPSHOTS,
-        }
+/// A compute backend's name as `--backend` and the `backend` key take it (for logs).
+pub fn backend_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Cpu => "cpu",
+        BackendKind::Vulkan => "vulkan",
     }
 }
 

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::cli::ServeArgs;
 use crate::config::Config;
+use crate::settings;
 use crate::tokenizer;
 use state::{AppState, RequestDefaults, ServedModel};
 
@@ -77,7 +78,7 @@ async fn serve(config: Config) -> Result<()> {
     let (engine, executor) = open_engine(
         &vault,
         &config.engine_options(&vault)?,
-        config.backend_kind()?,
+        config.backend,
         config.device,
         config.chunk_size,
     )
@@ -115,7 +116,7 @@ async fn serve(config: Config) -> Result<()> {
         cfg.num_experts_per_tok,
         human_bytes(manifest.experts.mean_blob_len()),
         cfg.vocab_size,
-        config.backend,
+        settings::backend_name(config.backend),
         config.device,
         human_bytes(engine.ring.ring_bytes()),
         ring_classes.join(" + "),
