@@ -62,7 +62,8 @@ fn run(dir: &Path, vault: &Path, vram: u64, extra: &[&str]) -> (Value, Vec<f32>)
 fn run_logged(dir: &Path, vault: &Path, vram: u64, extra: &[&str]) -> (Value, Vec<f32>, String) {
     let logits = dir.join(format!("{vram}.safetensors"));
     let v = vram.to_string();
-    let mut flags = vec!["--logits-out", logits.to_str().unwrap(), "--backend", "vulkan", "--chunk-size", "4"];
+    let mut flags =
+        vec!["--logits-out", logits.to_str().unwrap(), "--backend", "vulkan", "--chunk-size", "4"];
     flags.extend_from_slice(&["--vram-bytes", &v]);
     flags.extend_from_slice(extra);
     let (out, err) = generate_json_logged(vault, &prompt(), 6, &flags);
@@ -217,8 +218,9 @@ fn the_fused_front_reads_f32_routers_byte_for_byte() {
 
 /// A hybrid model (DeltaNet states updated in place) routes its decode steps on the device
 /// too: a void step's states go back to the copy kept before it, so the step that runs
-/// again host-routed starts from them. The same bytes as with the tier off, with and
-/// without the fused front (one workgroup), and both paths ran.
+/// again host-routed starts from them, and later steps replay the kept command buffer
+/// (the state copy included). The same bytes as with the tier off, with and without the
+/// fused front (one workgroup), and every path ran.
 #[test]
 fn hybrid_decode_routes_on_the_device_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,9 +233,12 @@ fn hybrid_decode_routes_on_the_device_byte_for_byte() {
         assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "front {front}");
         // `Phase::ALL` index 12: device-routed MoE steps; 6: the host-routed router gate, which
         // decode runs only when a device-routed step was void (an expert not in the tier yet).
-        let phases = &out["stats"]["profile"]["regimes"][1]["phases"];
+        let decode = &out["stats"]["profile"]["regimes"][1];
+        let phases = &decode["phases"];
         assert!(phases[12]["calls"].as_u64().unwrap() > 0, "front {front}: {phases}");
         assert!(phases[6]["calls"].as_u64().unwrap() > 0, "front {front}: no void step ran again: {phases}");
+        let ranking = if front == "0" { "route_table" } else { "gate_up_front_" };
+        check_rankings(decode, ranking, moe_layers(&vault));
     }
 }
 

@@ -409,22 +409,14 @@ pub fn forward<'b, B: Backend>(
 ) -> Result<Option<&'b [f32]>, ForwardError> {
     let (start, m) = (kv.len(), tokens.len());
     // A device-routed step is speculative: a void one runs again from the same cache.
-    // Recurrent states are updated in place, so the backend keeps a copy of them first.
-    let on_device = moe.may_route_on_device(b, m);
-    let keep = on_device && model.cfg.hybrid.is_some();
-    let mut run = if keep { b.keep_states(kv) } else { Ok(()) };
-    if run.is_ok() {
-        run = pass(b, moe, model, kv, tokens, want_logits, on_device);
-    }
-    if on_device && run.is_ok() {
+    let route = if moe.may_route_on_device(b, m) { Route::Device } else { Route::Host };
+    let mut run = pass(b, moe, model, kv, tokens, want_logits, route);
+    if route == Route::Device && run.is_ok() {
         run = match moe.settle_device(b) {
             Ok(true) => Ok(()),
             // A routed expert was not on the device: the pass runs again host-routed,
             // rewriting the same positions of the cache (and the states it started from).
-            Ok(false) => {
-                let restored = if keep { b.restore_states(kv) } else { Ok(()) };
-                restored.and_then(|()| pass(b, moe, model, kv, tokens, want_logits, false))
-            }
+            Ok(false) => pass(b, moe, model, kv, tokens, want_logits, Route::Again),
             Err(e) => Err(e),
         };
     }
@@ -441,9 +433,23 @@ pub fn forward<'b, B: Backend>(
     Ok(want_logits.then(|| b.last_logits()))
 }
 
+/// How a pass's MoE steps route.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// On the host.
+    Host,
+    /// On the device, speculatively. Recurrent states are updated in place, so the pass
+    /// first records a copy of them ([`Backend::keep_states`]).
+    Device,
+    /// On the host after a void device-routed pass, from the states it kept
+    /// ([`Backend::restore_states`]).
+    Again,
+}
+
 /// Every layer of the model for `tokens` at positions `kv.len()..`, then the LM head
-/// (`want_logits`) or the end of the block; the MoE steps route on the device when
-/// `on_device`.
+/// (`want_logits`) or the end of the block, its MoE steps routed as `route` says. The
+/// state copies come after the backend's `begin_pass`, in the pass's own recording (a
+/// backend that replays a kept recording of a device-routed pass replays its copy too).
 fn pass<B: Backend>(
     b: &mut B,
     moe: &mut MoeStep,
@@ -451,11 +457,17 @@ fn pass<B: Backend>(
     kv: &mut B::Kv,
     tokens: &[u32],
     want_logits: bool,
-    on_device: bool,
+    route: Route,
 ) -> Result<(), ForwardError> {
     let (start, m) = (kv.len(), tokens.len());
+    let on_device = route == Route::Device;
     moe.begin_pass(on_device);
     b.begin_pass(kv, m, on_device.then(|| moe.spec_depth()), want_logits)?;
+    match (route, model.cfg.hybrid.is_some()) {
+        (Route::Device, true) => b.keep_states(kv)?,
+        (Route::Again, true) => b.restore_states(kv)?,
+        _ => {}
+    }
     match model.cfg.hybrid {
         None => qwen3_moe::layers(b, moe, model, kv, tokens, start),
         Some(_) => qwen3_next::layers(b, moe, model, kv, tokens, start),

@@ -679,7 +679,9 @@ impl Backend for VulkanBackend {
         // With the profile, a pass keeps or replays its timestamps with its commands, so
         // it starts with every query free (they are the same ones at every replay).
         let timed = self.timer.as_ref().map(|t| lock(t).idle());
-        let replayable = rows == 1 && timed != Some(false) && self.model.cfg.hybrid.is_none();
+        // A session's pending state copies (a prefix reuse's snapshot load) are recorded
+        // ahead of the pass, so that pass records afresh.
+        let replayable = rows == 1 && timed != Some(false) && kv.book.ops().is_empty();
         let emit = match (logits, self.greedy_only) {
             (false, _) => Emit::Nothing,
             (true, false) => Emit::Logits,
