@@ -52,7 +52,7 @@ use crate::model::Model;
 use crate::vault::TensorRef;
 
 /// Most tier buffers of one size class a device-routed step reads (a class of more
-/// buffers, over 64 · 2 GiB, turns device routing off).
+/// buffers, over 64 bindings' range, ~256 GiB on NVIDIA, turns device routing off).
 pub const MAX_BUFFERS: usize = 64;
 
 /// Most experts of a layer whose decode steps the fused front ranks (`MAX_E` of

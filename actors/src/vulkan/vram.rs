@@ -51,9 +51,6 @@ const NONE: u32 = u32::MAX;
 const MIN_MARGIN: u64 = 512 << 20;
 /// Share of the device heap the default size leaves free (1 / this).
 const MARGIN_SHARE: u64 = 20;
-/// Largest buffer one size class allocates at once (fewer, larger buffers would only
-/// meet drivers' single-allocation limits sooner).
-const MAX_BUFFER: u64 = 1 << 31;
 
 /// Where a claimed expert's kernels read it, as [`VramTier::place`] decides.
 pub enum Placement {
@@ -199,7 +196,8 @@ impl VramTier {
             }
         };
         let per_layer = model.cfg.num_experts;
-        let max_buffer = ctx.info.max_allocation.unwrap_or(u64::MAX).min(MAX_BUFFER);
+        // A buffer is bound whole by the fused decode kernels: at most one binding's range.
+        let max_buffer = ctx.info.max_allocation.unwrap_or(u64::MAX).min(ctx.info.max_storage_buffer_range);
         let mut tier = VramTier {
             classes: Vec::with_capacity(plan.len()),
             layer_class: vec![NONE; model.cfg.num_hidden_layers],
@@ -223,11 +221,7 @@ impl VramTier {
         for c in &plan {
             let stride = c.stride as u64;
             let homes = c.slots >= c.layers.len() * per_layer;
-            let mut per_buffer = (max_buffer / stride).clamp(1, u32::MAX as u64) as usize;
-            if homes && per_buffer >= per_layer {
-                // Whole layers per buffer.
-                per_buffer -= per_buffer % per_layer;
-            }
+            let per_buffer = slots_per_buffer(max_buffer, stride, per_layer, homes);
             let mut buffers = Vec::with_capacity(c.slots.div_ceil(per_buffer));
             let mut left = c.slots;
             while left > 0 {
@@ -495,9 +489,37 @@ impl VramTier {
     }
 }
 
+/// Slots of `stride` bytes in each buffer of a size class: as many as `max_buffer` bytes
+/// hold (at least one), and where the class is the home of whole layers of `per_layer`
+/// experts (`homes`) and one fits, whole layers only, so that one buffer holds a layer's
+/// experts (what the decode step's fused kernels need: the down projection with the MoE
+/// combine, and the fused front).
+fn slots_per_buffer(max_buffer: u64, stride: u64, per_layer: usize, homes: bool) -> usize {
+    let per_buffer = (max_buffer / stride).clamp(1, u32::MAX as u64) as usize;
+    match homes && per_buffer >= per_layer {
+        true => per_buffer - per_buffer % per_layer,
+        false => per_buffer,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layer_that_fits_one_binding_gets_one_buffer() {
+        const MIB: u64 = 1 << 20;
+        // Qwen3-Next-80B-A3B's bf16 experts (6 MiB, 512 a layer: 3 GiB) on a device
+        // binding 4095 MiB: one layer a buffer; 2 GiB buffers would split every layer.
+        assert_eq!(slots_per_buffer(4095 * MIB, 6 * MIB, 512, true), 512);
+        assert_eq!(slots_per_buffer(2048 * MIB, 6 * MIB, 512, true), 341);
+        // Qwen3-30B-A3B's (9 MiB, 128 a layer): three whole layers, not 455 slots.
+        assert_eq!(slots_per_buffer(4095 * MIB, 9 * MIB, 128, true), 384);
+        // A tier that homes no layer fills its buffers.
+        assert_eq!(slots_per_buffer(4095 * MIB, 9 * MIB, 128, false), 455);
+        // A blob larger than the limit still gets a slot.
+        assert_eq!(slots_per_buffer(MIB, 9 * MIB, 128, true), 1);
+    }
 
     #[test]
     fn the_default_leaves_a_margin_of_5_percent_or_512_mib() {
