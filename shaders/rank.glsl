@@ -82,11 +82,15 @@ void rank_token(uint src, uint ne, uint k, uint ranks, bool norm, bool weights, 
     }
     barrier();
     float gmax = rank_bcast;
-    precise float sum = 0.0;
-    for (uint e = tid; tid < 32u && e < ne; e += 32u) {
+    // Every invocation forms exponentials; the 32 lanes then sum them in their order.
+    for (uint e = tid; e < ne; e += nw) {
         precise float x = expf_(RANK_P(e) - gmax);
         RANK_P(e) = x;
-        sum = sum + x;
+    }
+    barrier();
+    precise float sum = 0.0;
+    for (uint e = tid; tid < 32u && e < ne; e += 32u) {
+        sum = sum + RANK_P(e);
     }
     sum = rank_lane_tree(sum, false, tid);
     barrier();

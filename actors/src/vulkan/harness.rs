@@ -291,8 +291,21 @@ impl KernelHarness {
         m: u32,
         out_off: u32,
     ) -> Result<(), VulkanError> {
+        self.run(self.record_route(ne, k, ranks, norm, m, out_off), 1).map(|_| ())
+    }
+
+    /// Records [`KernelHarness::route`]'s dispatch, for [`KernelHarness::run_timed`].
+    pub fn record_route(
+        &self,
+        ne: u32,
+        k: u32,
+        ranks: u32,
+        norm: bool,
+        m: u32,
+        out_off: u32,
+    ) -> impl FnMut(&mut Recorder) -> Result<(), VulkanError> + '_ {
         let push = [ne, k, ranks, norm as u32, 0, out_off, ne + k + 1];
-        self.run(|r| r.dispatch(&self.kernels.route, None, push, [1, m, 1]), 1).map(|_| ())
+        move |r: &mut Recorder| r.dispatch(&self.kernels.route, None, push, [1, m, 1])
     }
 
     /// The ranking of a device-routed decode step (`shaders/route.comp` with `TABLE`) as
@@ -300,6 +313,24 @@ impl KernelHarness {
     /// offset; `a.slot_off` indexes it); returns the indirect dispatch sizes of the
     /// `a.buffers` buffers and the host's readback buffer (`a.io_out` + the output row).
     pub fn route_table(&self, a: RouteTableArgs, slots: &[u32]) -> Result<(Vec<u32>, Vec<f32>), VulkanError> {
+        let (record, sizes, io) = self.record_route_table(a, slots)?;
+        self.run(record, 1)?;
+        let sizes = sizes.read().map_err(verr("reading dispatch sizes"))?.to_vec();
+        let io = io.read().map_err(verr("reading the ranked row"))?.to_vec();
+        Ok((sizes, io))
+    }
+
+    /// Records [`KernelHarness::route_table`]'s dispatch, for [`KernelHarness::run_timed`];
+    /// with the buffers it writes (the dispatch sizes, the host's readback buffer).
+    #[allow(clippy::type_complexity)]
+    pub fn record_route_table(
+        &self,
+        a: RouteTableArgs,
+        slots: &[u32],
+    ) -> Result<
+        (impl FnMut(&mut Recorder) -> Result<(), VulkanError> + '_, Subbuffer<[u32]>, Subbuffer<[f32]>),
+        VulkanError,
+    > {
         let table = upload_buffer::<u32>(&self.ctx, slots.len() as u64, BufferUsage::STORAGE_BUFFER)?;
         table.write().map_err(verr("writing the slot table"))?.copy_from_slice(slots);
         let sizes = host_buffer::<u32>(&self.ctx, 6 * a.buffers as u64, BufferUsage::STORAGE_BUFFER)?;
@@ -307,10 +338,10 @@ impl KernelHarness {
         let io = host_buffer::<f32>(&self.ctx, io_len, BufferUsage::STORAGE_BUFFER)?;
         let bufs = [table.into_bytes(), sizes.clone().into_bytes(), io.clone().into_bytes()];
         let set = set0(&self.ctx, &self.kernels.route_table, &bufs)?;
-        self.run(|r| r.dispatch(&self.kernels.route_table, Some(set.clone()), a.words(), [1, 1, 1]), 1)?;
-        let sizes = sizes.read().map_err(verr("reading dispatch sizes"))?.to_vec();
-        let io = io.read().map_err(verr("reading the ranked row"))?.to_vec();
-        Ok((sizes, io))
+        let record = move |r: &mut Recorder| {
+            r.dispatch(&self.kernels.route_table, Some(set.clone()), a.words(), [1, 1, 1])
+        };
+        Ok((record, sizes, io))
     }
 
     /// Reads the first `len` words of the routing buffer.

@@ -32,6 +32,10 @@
 //! router, ranking, gate/up, down + combine) as one dispatch of GROUPS resident
 //! workgroups with grid barriers against five dependent dispatches (`moe.rs`).
 //!
+//! `vulkan route [DEVICE]`: the router's ranking kernels (one token, its decode-step
+//! form with the tier tables, and a 512-token block) at 128, 256 and 512 experts
+//! (`route.rs`).
+//!
 //! `vulkan stats [DEVICE] [TUNING ...]`: what the driver reports about each compiled
 //! matmul-family kernel and the decode step's other kernels (registers, spill/local
 //! memory, shared memory, ... as the driver names them) through
@@ -56,6 +60,7 @@ mod e2e;
 mod kernels;
 mod moe;
 mod raw;
+mod route;
 mod stats;
 
 use kernels::{kernels, SHAPES, TUNINGS, TUNING_SYNTAX, TYPES};
@@ -146,6 +151,7 @@ fn main() {
             moe::moe(num(1, "DEVICE", 0), num(2, "EXPERTS", 128), num(3, "LAYERS", 3), &groups)
         }
         Some("delta") => delta::delta(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
+        Some("route") => route::route(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0)),
         Some("stats") => {
             let device = args.get(1).map_or(Ok(0), |s| s.parse());
             let device = device.unwrap_or_else(|_| fail(2, format!("DEVICE `{}` is not a number", args[1])));
@@ -156,7 +162,7 @@ fn main() {
         _ => {
             let shapes: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
             eprintln!(
-                "usage: vulkan kernels [DEVICE] [TYPE ...] [{TUNING_SYNTAX} ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan chain [DEVICE] | vulkan moe [DEVICE] [EXPERTS] [LAYERS] [GROUPS ...] | vulkan delta [DEVICE] | vulkan stats [DEVICE] [{TUNING_SYNTAX} ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
+                "usage: vulkan kernels [DEVICE] [TYPE ...] [{TUNING_SYNTAX} ...] [{}] | vulkan attention [DEVICE] [PREFILL_TOKENS] [CONTEXT ...] | vulkan chain [DEVICE] | vulkan moe [DEVICE] [EXPERTS] [LAYERS] [GROUPS ...] | vulkan delta [DEVICE] | vulkan route [DEVICE] | vulkan stats [DEVICE] [{TUNING_SYNTAX} ...] | vulkan e2e VAULT [PROMPT] [DECODE] [CHUNK] [STREAM_SLOTS] [DEVICE] [MODES] [PATH] | vulkan diag VAULT [DEVICE]",
                 shapes.join("|")
             );
             std::process::exit(2);
