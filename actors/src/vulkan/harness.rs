@@ -56,6 +56,17 @@ impl TestWeight {
     }
 }
 
+/// A recorded `route_table` dispatch ([`KernelHarness::record_route_table`]) and the
+/// buffers it writes.
+pub struct RouteTableRun<R> {
+    /// Records the dispatch.
+    pub record: R,
+    /// The indirect dispatch sizes it writes.
+    pub sizes: Subbuffer<[u32]>,
+    /// The host's readback buffer it writes.
+    pub io: Subbuffer<[f32]>,
+}
+
 /// Runs kernels on an activation arena and routing buffer of its own.
 pub struct KernelHarness {
     ctx: Arc<VulkanContext>,
@@ -313,24 +324,19 @@ impl KernelHarness {
     /// offset; `a.slot_off` indexes it); returns the indirect dispatch sizes of the
     /// `a.buffers` buffers and the host's readback buffer (`a.io_out` + the output row).
     pub fn route_table(&self, a: RouteTableArgs, slots: &[u32]) -> Result<(Vec<u32>, Vec<f32>), VulkanError> {
-        let (record, sizes, io) = self.record_route_table(a, slots)?;
-        self.run(record, 1)?;
-        let sizes = sizes.read().map_err(verr("reading dispatch sizes"))?.to_vec();
-        let io = io.read().map_err(verr("reading the ranked row"))?.to_vec();
+        let run = self.record_route_table(a, slots)?;
+        self.run(run.record, 1)?;
+        let sizes = run.sizes.read().map_err(verr("reading dispatch sizes"))?.to_vec();
+        let io = run.io.read().map_err(verr("reading the ranked row"))?.to_vec();
         Ok((sizes, io))
     }
 
-    /// Records [`KernelHarness::route_table`]'s dispatch, for [`KernelHarness::run_timed`];
-    /// with the buffers it writes (the dispatch sizes, the host's readback buffer).
-    #[allow(clippy::type_complexity)]
+    /// Records [`KernelHarness::route_table`]'s dispatch, for [`KernelHarness::run_timed`].
     pub fn record_route_table(
         &self,
         a: RouteTableArgs,
         slots: &[u32],
-    ) -> Result<
-        (impl FnMut(&mut Recorder) -> Result<(), VulkanError> + '_, Subbuffer<[u32]>, Subbuffer<[f32]>),
-        VulkanError,
-    > {
+    ) -> Result<RouteTableRun<impl FnMut(&mut Recorder) -> Result<(), VulkanError> + '_>, VulkanError> {
         let table = upload_buffer::<u32>(&self.ctx, slots.len() as u64, BufferUsage::STORAGE_BUFFER)?;
         table.write().map_err(verr("writing the slot table"))?.copy_from_slice(slots);
         let sizes = host_buffer::<u32>(&self.ctx, 6 * a.buffers as u64, BufferUsage::STORAGE_BUFFER)?;
@@ -341,7 +347,7 @@ impl KernelHarness {
         let record = move |r: &mut Recorder| {
             r.dispatch(&self.kernels.route_table, Some(set.clone()), a.words(), [1, 1, 1])
         };
-        Ok((record, sizes, io))
+        Ok(RouteTableRun { record, sizes, io })
     }
 
     /// Reads the first `len` words of the routing buffer.

@@ -39,7 +39,7 @@ pub fn route(device: usize) {
             groups: [1, 1],
             io_out: 0,
         };
-        let (record, _, _) = h.record_route_table(a, &slots).expect("route_table");
+        let record = h.record_route_table(a, &slots).expect("route_table").record;
         println!("route_table, {ne} experts, top-{k}: {:.2} us", time(&h, record) * 1e6);
     }
 }
