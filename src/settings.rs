@@ -269,14 +269,6 @@ impl EngineSettings {
     }
 }
 
-/// A compute backend's name as `--backend` and the `backend` key take it (for logs).
-pub fn backend_name(kind: BackendKind) -> &'static str {
-    match kind {
-        BackendKind::Cpu => "cpu",
-        BackendKind::Vulkan => "vulkan",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

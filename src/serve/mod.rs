@@ -30,7 +30,6 @@ use tokio::sync::watch;
 
 use crate::cli::ServeArgs;
 use crate::config::Config;
-use crate::settings;
 use crate::tokenizer;
 use state::{AppState, RequestDefaults, ServedModel};
 
@@ -116,7 +115,7 @@ async fn serve(config: Config) -> Result<()> {
         cfg.num_experts_per_tok,
         human_bytes(manifest.experts.mean_blob_len()),
         cfg.vocab_size,
-        settings::backend_name(config.backend),
+        config.backend.name(),
         config.device,
         human_bytes(engine.ring.ring_bytes()),
         ring_classes.join(" + "),

@@ -32,14 +32,23 @@ pub enum BackendKind {
     Vulkan,
 }
 
+impl BackendKind {
+    /// Its name, as the `backend` key and flag take it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Vulkan => "vulkan",
+        }
+    }
+}
+
 impl std::str::FromStr for BackendKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "cpu" => Ok(BackendKind::Cpu),
-            "vulkan" => Ok(BackendKind::Vulkan),
-            _ => Err(format!("unknown backend {s:?}: use cpu or vulkan")),
-        }
+        [BackendKind::Cpu, BackendKind::Vulkan]
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| format!("unknown backend {s:?}: use cpu or vulkan"))
     }
 }
 
