@@ -541,7 +541,7 @@ fn the_ranking_kernel_writes_each_tier_buffers_table() {
         for (i, logits) in rows.iter().enumerate() {
             let what = format!("{ne} experts, row {i}");
             h.write_act(0, logits).unwrap();
-            h.route(ne as u32, k as u32, ranks as u32, true, 1, ref_row).unwrap();
+            h.run(h.record_route(ne as u32, k as u32, ranks as u32, true, 1, ref_row), 1).unwrap();
             let want = h.read_act(ref_row as usize, ne + k + 1).unwrap();
             h.write_route(&vec![0u32; tab + 2 * k + 3 * k * buffers]).unwrap();
             let a = RouteTableArgs {
@@ -1075,7 +1075,7 @@ fn device_ranking_is_the_hosts() {
     h.write_act(0, &rows.concat()).unwrap();
     let (out, stride) = (m * ne, ne + k + 1);
     for norm in [false, true] {
-        h.route(ne as u32, k as u32, ranks as u32, norm, m as u32, out as u32).unwrap();
+        h.run(h.record_route(ne as u32, k as u32, ranks as u32, norm, m as u32, out as u32), 1).unwrap();
         let got = h.read_act(out, m * stride).unwrap();
         for (t, row) in rows.iter().enumerate() {
             let g = &got[t * stride..(t + 1) * stride];

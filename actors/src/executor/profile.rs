@@ -166,8 +166,8 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn route_on_device(&mut self, layer: usize, gate: &TensorRef, bets: usize) -> Result<(), ForwardError> {
         self.op(None, Phase::DeviceMoe, |b| b.route_on_device(layer, gate, bets))
     }
-    // The state copies come before a pass's first phase (as the cache's own state
-    // operations do), so they are not timed as one.
+    // The state copies come at a pass's start, before its first phase, so they are not
+    // timed as one.
     fn keep_states(&mut self, kv: &B::Kv) -> Result<(), ForwardError> {
         self.b.keep_states(kv)
     }

@@ -290,22 +290,10 @@ impl KernelHarness {
         self.run(|r| w.record(r, batched, a), reps)
     }
 
-    /// The router's ranking (`shaders/route.comp`) of `m` rows of `ne` gate logits at
-    /// activation offset 0: each row's `ranks` best experts (as float bits) and top-`k`
-    /// weights (renormalised with `norm`) at `out_off + t · (ne + k + 1)`.
-    pub fn route(
-        &self,
-        ne: u32,
-        k: u32,
-        ranks: u32,
-        norm: bool,
-        m: u32,
-        out_off: u32,
-    ) -> Result<(), VulkanError> {
-        self.run(self.record_route(ne, k, ranks, norm, m, out_off), 1).map(|_| ())
-    }
-
-    /// Records [`KernelHarness::route`]'s dispatch, for [`KernelHarness::run_timed`].
+    /// Records the router's ranking (`shaders/route.comp`) of `m` rows of `ne` gate logits
+    /// at activation offset 0, for [`KernelHarness::run`]: each row's `ranks` best experts
+    /// (as float bits) and top-`k` weights (renormalised with `norm`) at
+    /// `out_off + t · (ne + k + 1)`.
     pub fn record_route(
         &self,
         ne: u32,
