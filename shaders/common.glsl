@@ -16,6 +16,9 @@
 // the order slice_dot.glsl's header gives; the cross-lane tree is this one.
 
 #define WG_SIZE 256u
+// rmsnorm.comp's invocations, whose chains of squares are its order (matmul.comp's
+// NORM_IN front plays them whatever its own size).
+#define NORM_CHAINS 256u
 
 // Hand-unrolled loops. A loop whose body indexes a register array is written
 // FOR_X(BODY): the preprocessor pastes BODY once per value of its index x, each copy in
@@ -35,6 +38,15 @@
                                { const uint x = 10u; B } { const uint x = 11u; B }   \
                                { const uint x = 12u; B } { const uint x = 13u; B }   \
                                { const uint x = 14u; B } { const uint x = 15u; B }
+
+// RMSNorm's scale r = 1 / sqrt(mean(x²) + eps) from the sum of squares `ss` of `n`
+// elements: rmsnorm.comp's, and matmul.comp's FRONT forming its input's norm itself
+// (NORM_IN), whose rows must be the norm kernel's bytes.
+float rms_scale(float ss, uint n, float eps) {
+    precise float ms = ss / float(n);
+    precise float r = 1.0 / sqrt(ms + eps);
+    return r;
+}
 
 // Flags of the matmul / gate-up push constants.
 #define FLAG_ACCUMULATE 1u   // out += result (residual add) instead of out = result

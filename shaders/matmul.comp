@@ -70,6 +70,19 @@ layout(constant_id = 2) const uint LANES = 32u;  // lanes per row (power of two 
 #include "matmul_io.glsl"
 
 #ifdef FRONT
+// With NORM_IN (specialization constant 5) the front's input is the residual row at
+// x_off, and every workgroup forms its RMSNorm itself (norm_in below: rmsnorm.comp's
+// bytes, weights `nw`) into workgroup memory, which its router rows and gate/up read;
+// workgroup 0 also stores the row at norm_out for the step's later readers. The norm's
+// own dispatch goes, and the workgroups that take no router row form it off the critical
+// path (they only wait at the grid barrier).
+layout(constant_id = 5) const uint NORM_IN = 0u;
+layout(set = 0, binding = 6) readonly buffer Nw { float nw[]; };
+#define MAX_NORM 4096u // inputs a NORM_IN front takes (the host checks)
+shared vec4 norm_x4[MAX_NORM / 4u];
+// Input float i and vec4 i4 of the product (arena offsets).
+#define XIN4(i4) (NORM_IN != 0u ? norm_x4[(i4) - (pc.x_off >> 2)] : act4[i4])
+#define XIN(i) (NORM_IN != 0u ? norm_x4[((i) - pc.x_off) >> 2][((i) - pc.x_off) & 3u] : ACT(i))
 // Per expert of every layer: (tier buffer of its slot or NONE, byte offset in it).
 layout(set = 0, binding = 2) readonly buffer Slots { uint slots[]; };
 // The host's readback buffer.
@@ -114,6 +127,11 @@ bool grid_barrier(uint tid) {
     barrier();
     return met;
 }
+#endif
+
+#ifndef FRONT
+#define XIN4(i4) act4[i4]
+#define XIN(i) ACT(i)
 #endif
 
 // Loops whose body indexes a register array (wrow, xb, wq, uq, wv, uv, xq, acc) are
@@ -281,9 +299,9 @@ shared float red[NACC * TB * WG_SIZE];
     FOR_R(ROW)
 #define X_VEC                                                                            \
     if (q % 4u == 0u) {                                                                  \
-        xq[q / 4u] = act4[(xb[i] + e + q) >> 2];                                         \
+        xq[q / 4u] = XIN4((xb[i] + e + q) >> 2);                                         \
     }
-#define X_SCALAR xq[q / 4u][q % 4u] = ACT(xb[i] + e + q);
+#define X_SCALAR xq[q / 4u][q % 4u] = XIN(xb[i] + e + q);
 #define ROW                                                                              \
     if (r < RPT) {                                                                       \
         FOR_Q(MAC)                                                                       \
@@ -401,7 +419,7 @@ void main() {
         FOR_I(TAIL_MAC)                                                                  \
     }
 #define TAIL_MAC                                                                         \
-    float xe = ACT(xb[i] + e);                                                           \
+    float xe = XIN(xb[i] + e);                                                           \
     acc[ACC(0u, r, i)] = fma(we, xe, acc[ACC(0u, r, i)]);                                \
     GU(acc[ACC(1u, r, i)] = fma(ue, xe, acc[ACC(1u, r, i)]);)
                 FOR_R(TAIL_ROW)
@@ -493,15 +511,52 @@ void main() {
 #ifdef FRONT
 #include "router.glsl"
 
+// NORM_IN: the RMSNorm of the residual row (pc.cols inputs at x_off) into norm_x4, in
+// rmsnorm.comp's order whatever this workgroup's size: its 256 invocations' chains
+// (chain c adds the squares of inputs c, c + 256, ... in order), its tree over them, its
+// scale (rms_scale), then w · (x · r) per input; `first` also stores the row at norm_out.
+void norm_in(uint tid, bool first) {
+    uint n = pc.cols;
+    for (uint c = tid; c < NORM_CHAINS; c += WG_SIZE) {
+        precise float ss = 0.0;
+        for (uint i = c; i < n; i += NORM_CHAINS) {
+            float v = ACT(pc.x_off + i);
+            ss = ss + v * v;
+        }
+        red[c] = ss;
+    }
+    barrier();
+    for (uint s = NORM_CHAINS / 2u; s > 0u; s >>= 1u) {
+        for (uint c = tid; c < s; c += WG_SIZE) {
+            precise float t = red[c] + red[c + s];
+            red[c] = t;
+        }
+        barrier();
+    }
+    float r = rms_scale(red[0], n, pc.eps);
+    for (uint i = tid; i < n; i += WG_SIZE) {
+        precise float o = nw[i] * (ACT(pc.x_off + i) * r);
+        norm_x4[i >> 2][i & 3u] = o;
+        if (first) {
+            ACT(pc.norm_out + i) = o;
+        }
+    }
+    // Every invocation has read red[0] and the row is whole before anyone goes on.
+    barrier();
+}
+
 void main() {
     uint tid = gl_LocalInvocationIndex;
     uint nwg = gl_NumWorkGroups.x;
+    bool first = gl_WorkGroupID.x == 0u;
+    if (NORM_IN != 0u) {
+        norm_in(tid, first);
+    }
     router_rows(gl_WorkGroupID.x, nwg);
     bool met = grid_barrier(tid);
     if (!met && tid == 0u) {
         io[pc.io_out + pc.ne + pc.k + 1u] = 1.0;
     }
-    bool first = gl_WorkGroupID.x == 0u;
     rank_token(pc.logits, pc.ne, pc.k, pc.ranks, pc.norm != 0u, first, pc.slot_off, tid, WG_SIZE);
     if (first) {
         rank_tables(pc.tab_out, pc.io_out, pc.ne, pc.k, pc.ranks, 1u, tid, WG_SIZE);

@@ -45,6 +45,10 @@ layout(push_constant) uniform Params {
     uint slot_off;   // slots offset of this layer's first expert
     uint tab_out;    // routing-buffer offset of the routing words
     uint io_out;     // io offset of the ranking's copy for the host
+    // NORM_IN (matmul.comp): the act offset where workgroup 0 stores the normed input
+    // row, and the norm's epsilon.
+    uint norm_out;
+    float eps;
 #endif
 } pc;
 

@@ -81,8 +81,7 @@ void main() {
         }
         barrier();
     }
-    precise float ms = red[0] / float(pc.n);
-    precise float r = 1.0 / sqrt(ms + pc.eps);
+    float r = rms_scale(red[0], pc.n, pc.eps);
 #define Y_STORE                                                                \
     if (tid + WG_SIZE * j < pc.n) {                                            \
         precise float o = wv[j] * (xv[j] * r);                                 \

@@ -26,15 +26,15 @@ float router_partial(uint row, uint lane) {
         uvec4 q = rw4[row * nch + c];
         uint e = pc.x_off + c * ROUTER_CHUNK;
         if (ROUTER_T == 0u) {
-            acc = fma(uintBitsToFloat(q.x), ACT(e), acc);
-            acc = fma(uintBitsToFloat(q.y), ACT(e + 1u), acc);
-            acc = fma(uintBitsToFloat(q.z), ACT(e + 2u), acc);
-            acc = fma(uintBitsToFloat(q.w), ACT(e + 3u), acc);
+            acc = fma(uintBitsToFloat(q.x), XIN(e), acc);
+            acc = fma(uintBitsToFloat(q.y), XIN(e + 1u), acc);
+            acc = fma(uintBitsToFloat(q.z), XIN(e + 2u), acc);
+            acc = fma(uintBitsToFloat(q.w), XIN(e + 3u), acc);
         } else {
             FOR4(j, {
                 vec2 wp = router_pair(q[j]);
-                acc = fma(wp.x, ACT(e + 2u * j), acc);
-                acc = fma(wp.y, ACT(e + 2u * j + 1u), acc);
+                acc = fma(wp.x, XIN(e + 2u * j), acc);
+                acc = fma(wp.y, XIN(e + 2u * j + 1u), acc);
             })
         }
     }

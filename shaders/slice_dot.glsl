@@ -252,9 +252,9 @@ void q6_quants(uvec4 l, uvec4 h, uint k, out float v[16]) {
 // A group's 16 inputs from act offset `at` into xq[0..3] (vec4 loads where aligned, XV).
 #define GROUP_INPUTS(at, xq)                                                              \
     if (XV) {                                                                             \
-        FOR4(c, xq[c] = act4[((at) >> 2) + c];)                                           \
+        FOR4(c, xq[c] = XIN4(((at) >> 2) + c);)                                           \
     } else {                                                                              \
-        FOR4(c, FOR4(b, xq[c][b] = ACT((at) + 4u * c + b);))                              \
+        FOR4(c, FOR4(b, xq[c][b] = XIN((at) + 4u * c + b);))                              \
     }
 // K4: X = x_0 + ... + x_15 of inputs xq, in order, from 0, as `precise float xs`.
 #define GROUP_XSUM(xq, xs) XS(precise float xs = 0.0; FOR4(c, FOR4(b, xs = xs + xq[c][b];)))

@@ -1,7 +1,7 @@
 //! The Vulkan backend's VRAM tier on lavapipe (where it is off by default, so the tests
 //! turn it on with `--vram-bytes`): logits byte-identical with the tier off, holding
 //! every expert, and holding two; its counters add up (hits + fills = expert claims);
-//! the fused MoE front changes no byte either, nor device routing of a hybrid model's
+//! the fused MoE front (forming the norm before it) changes no byte either, nor device routing of a hybrid model's
 //! decode steps; bad sizes are clear errors; `serve` exports its metrics.
 #![cfg(feature = "vulkan")]
 
@@ -101,14 +101,19 @@ fn moe_layers(vault: &Path) -> u64 {
     manifest(vault)["experts"]["layers"].as_array().unwrap().len() as u64
 }
 
+/// Dispatches of kernels named `name...` in the regime profile `regime`.
+fn dispatches(regime: &Value, name: &str) -> u64 {
+    let kernels = regime["kernels"].as_array().unwrap();
+    let named = |k: &&Value| k["name"].as_str().unwrap().starts_with(name);
+    kernels.iter().filter(named).map(|k| k["dispatches"].as_u64().unwrap()).sum()
+}
+
 /// Checks that the decode regime's profile `decode` ranked each of the `layers` MoE
 /// layers of every device-routed step with kernels named `ranking...`: the step that
 /// recorded the kept command buffer and each replay of it.
 fn check_rankings(decode: &Value, ranking: &str, layers: u64) {
-    let kernels = decode["kernels"].as_array().unwrap();
     let replayed = decode["replayed"].as_u64().unwrap();
-    let named = |k: &&Value| k["name"].as_str().unwrap().starts_with(ranking);
-    let tables = kernels.iter().filter(named).map(|k| k["dispatches"].as_u64().unwrap()).sum::<u64>();
+    let tables = dispatches(decode, ranking);
     assert!(
         replayed > 0 && tables >= layers * (replayed + 1),
         "{replayed} replayed, {tables} rankings: {decode}"
@@ -151,6 +156,7 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         // step that recorded the buffer).
         check_rankings(decode, "route_table", 4);
         assert!(kernels.iter().all(|k| k["device"].as_f64().unwrap() > 0.0), "{kernels:?}");
+        let norms = dispatches(decode, "rmsnorm");
         // Without the profile, device-routed decode steps after the first replay its kept
         // command buffer: the same bytes.
         let (out, logits) = run(dir.path(), &vault, 1 << 30, &[]);
@@ -174,10 +180,13 @@ fn the_vram_tier_changes_no_byte_at_any_size() {
         // (every barrier met), with bets, and 64 (lavapipe runs a workgroup a thread, so
         // they never all arrive: the front gives up, the pass is computed again
         // host-routed and the front turns off): the same bytes, counters that add up.
+        // Each front forms the RMSNorm before it (its dispatch goes).
         let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", "1"]);
         assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{quant:?}: front");
         check_counters(&out, all);
-        check_rankings(&out["stats"]["profile"]["regimes"][1], "gate_up_front_", 4);
+        let decode = &out["stats"]["profile"]["regimes"][1];
+        check_rankings(decode, "gate_up_front_", 4);
+        assert_eq!(dispatches(decode, "rmsnorm") + dispatches(decode, "gate_up_front_"), norms, "{decode}");
         for extra in [&["--moe-front-groups", "1", "--spec-depth", "3"][..], &["--moe-front-groups", "64"]] {
             let (out, logits, err) = run_logged(dir.path(), &vault, 1 << 30, extra);
             assert!(
@@ -227,6 +236,7 @@ fn hybrid_decode_routes_on_the_device_byte_for_byte() {
     let vault = dir.path().join("hybrid.vault");
     run_ok(&["synth", "--out", vault.to_str().unwrap(), "--preset", "tiny-hybrid", "--seed", "3"]);
     let (_, reference) = run(dir.path(), &vault, 0, &[]);
+    let mut norms = 0;
     for front in ["0", "1"] {
         let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", front]);
         assert_eq!(logits.len(), reference.len(), "front {front}");
@@ -239,6 +249,12 @@ fn hybrid_decode_routes_on_the_device_byte_for_byte() {
         assert!(phases[6]["calls"].as_u64().unwrap() > 0, "front {front}: no void step ran again: {phases}");
         let ranking = if front == "0" { "route_table" } else { "gate_up_front_" };
         check_rankings(decode, ranking, moe_layers(&vault));
+        // Each front forms the RMSNorm before it; the shared expert after it reads the
+        // normed row the front stored.
+        match front {
+            "0" => norms = dispatches(decode, "rmsnorm"),
+            _ => assert_eq!(dispatches(decode, "rmsnorm") + dispatches(decode, ranking), norms, "{decode}"),
+        }
     }
 }
 

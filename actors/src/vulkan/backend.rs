@@ -18,10 +18,10 @@ use super::attention::{AttentionArgs, AttentionShape};
 use super::buffers::{device_buffer, host_buffer, verr};
 use super::context::VulkanContext;
 use super::delta::MAX_KEY_DIM;
-use super::device_route::DeviceRoutes;
+use super::device_route::{DeviceRoutes, HeldNorm};
 use super::experts::{ExpertPath, ExpertState};
 use super::kv::{KvLayer, VulkanKvCache};
-use super::pipelines::{Kernels, MatmulTuning};
+use super::pipelines::{Kernels, MatmulTuning, FRONT_MAX_NORM};
 use super::record::{set0, MatmulArgs, Projection, Recorder, FLAG_ACCUMULATE};
 use super::replay::{Emit, Replays, Shape};
 use super::timing::{lock, DeviceTimer, SharedTimer};
@@ -78,6 +78,8 @@ pub struct VulkanBackend {
     /// A phase marked while nothing was being recorded: stamped when the next recording
     /// starts, once the pass has said whether it replays a kept one (which stamps nothing).
     phase_due: Option<(Regime, Phase)>,
+    /// An m=1 norm not yet recorded: a fused MoE front may form it itself.
+    pub(super) held_norm: Option<HeldNorm>,
 }
 
 impl VulkanBackend {
@@ -149,6 +151,7 @@ impl VulkanBackend {
             replays: Replays::default(),
             timer: None,
             phase_due: None,
+            held_norm: None,
             kernels,
             ctx,
             model,
@@ -191,7 +194,12 @@ impl VulkanBackend {
             }
             self.rec = Some(rec);
         }
-        Ok(self.rec.as_mut().expect("just started"))
+        let rec = self.rec.as_mut().expect("just started");
+        if let Some(held) = self.held_norm.take() {
+            // Another kernel comes first: the norm is recorded after all.
+            record_norm(rec, self.a, self.model.cfg.rms_norm_eps, held.set, Plane::X, Plane::Xn, 1)?;
+        }
+        Ok(rec)
     }
 
     /// Submits the recording after the work still in flight and, where one is pending,
@@ -270,6 +278,8 @@ impl VulkanBackend {
     /// While profiling, marks the start of `phase` (of a block in `regime`) in the
     /// recording in progress, or in the next one to start ([`VulkanBackend::phase_due`]).
     pub(super) fn mark(&mut self, regime: Regime, phase: Phase) -> Result<(), VulkanError> {
+        // A held norm stays held across the mark (the fused front that forms it comes
+        // in the next phase); one recorded after all counts in the phase after its own.
         if let Some(t) = self.timer.clone() {
             match self.rec.as_mut() {
                 Some(rec) => lock(&t).enter(regime, phase, rec.stampable())?,
@@ -379,10 +389,20 @@ impl Backend for VulkanBackend {
     }
 
     fn rmsnorm(&mut self, w: &TensorRef, src: Plane, dst: Plane, rows: usize) -> Result<(), ForwardError> {
-        let set = self.weights.vector(w)?.1.clone();
+        let (vector, set) = self.weights.vector(w)?.clone();
+        let folds = self.routes.as_ref().is_some_and(DeviceRoutes::folds_norms);
+        if folds
+            && rows == 1
+            && (src, dst) == (Plane::X, Plane::Xn)
+            && self.a.width(src) as usize <= FRONT_MAX_NORM
+        {
+            // Recorded by the next recording, unless a fused front forms it.
+            self.rec()?;
+            self.held_norm = Some(HeldNorm { vector, set });
+            return Ok(());
+        }
         let (a, eps) = (self.a, self.model.cfg.rms_norm_eps);
-        let n = a.width(src);
-        Ok(self.rec()?.rmsnorm(set, n, rows as u32, a.at(src), n, a.at(dst), a.width(dst), eps)?)
+        Ok(record_norm(self.rec()?, a, eps, set, src, dst, rows)?)
     }
 
     fn project(
@@ -738,4 +758,18 @@ fn kv_layer(kv: &VulkanKvCache, layer: usize) -> Result<&KvLayer, ForwardError> 
     kv.layers.get(layer).and_then(Option::as_ref).ok_or_else(|| {
         ForwardError::Device(format!("layer {layer} has no key/value cache (it is not an attention layer)"))
     })
+}
+
+/// Records the RMSNorm of `rows` rows of `src` into `dst` (weights bound in `set`).
+fn record_norm(
+    rec: &mut Recorder,
+    a: Arena,
+    eps: f32,
+    set: Arc<DescriptorSet>,
+    src: Plane,
+    dst: Plane,
+    rows: usize,
+) -> Result<(), VulkanError> {
+    let n = a.width(src);
+    rec.rmsnorm(set, n, rows as u32, a.at(src), n, a.at(dst), a.width(dst), eps)
 }

@@ -126,6 +126,18 @@ impl RouteTableArgs {
     }
 }
 
+/// An m=1 RMSNorm of the residual ([`Plane::X`]) into [`Plane::Xn`] held back from the
+/// recording while the fused front is on ([`DeviceRoutes::folds_norms`]): a front that
+/// reads Xn next forms it itself (`NORM_IN` in `shaders/matmul.comp`: the norm kernel's
+/// bytes, and its dispatch and hand-off go); any other recording records it first
+/// ([`VulkanBackend::rec`]).
+pub struct HeldNorm {
+    /// The norm's weights.
+    pub vector: Subbuffer<[u8]>,
+    /// Its set for the norm kernel.
+    pub set: Arc<DescriptorSet>,
+}
+
 /// The device side of device-routed steps.
 pub struct DeviceRoutes {
     /// The tier's slot table as the device reads it ([`VramTier::slot_words`]).
@@ -144,13 +156,15 @@ pub struct DeviceRoutes {
     combine: BTreeMap<(DType, usize), Option<Kernel>>,
     /// Workgroups of a fused front (0: off).
     front_groups: u32,
-    /// Per (expert gate/up weight type, router weight type) met so far, its fused front
-    /// ([`Kernels::gate_up_front`]; `None`: a router type it does not read).
-    front: BTreeMap<(DType, DType), Option<Kernel>>,
-    /// The fused front's set 0 per (tier buffer address, layer): the buffer as gate and
-    /// up weights, the slot table, the host's readback buffer, the layer's router
-    /// weight, the grid barrier's words.
-    front_sets: HashMap<(usize, usize), Arc<DescriptorSet>>,
+    /// Per (expert gate/up weight type, router weight type, forming its norm) met so far,
+    /// its fused front ([`Kernels::gate_up_front`]; `None`: a router type it does not
+    /// read).
+    front: BTreeMap<(DType, DType, bool), Option<Kernel>>,
+    /// The fused front's set 0 per (tier buffer address, layer, norm weights' address or
+    /// 0): the buffer as gate and up weights, the slot table, the host's readback buffer,
+    /// the layer's router weight, the grid barrier's words, the norm's weights (the
+    /// router's where it forms none: bound, never read).
+    front_sets: HashMap<(usize, usize, usize), Arc<DescriptorSet>>,
     /// The host's readback buffer.
     io: Subbuffer<[f32]>,
     /// The grid barrier's two words (device memory, zeroed once: the barrier leaves them
@@ -236,26 +250,34 @@ impl DeviceRoutes {
         Ok(kd)
     }
 
+    /// Whether m=1 norms of the residual are held for a fused front to form
+    /// ([`HeldNorm`]): while the front is on.
+    pub fn folds_norms(&self) -> bool {
+        self.front_groups > 0
+    }
+
     /// The fused front of layer `l` for gate/up weights of `dtype` in tier buffer `buf`
-    /// and the router weight `router` (bound whole), and its set, built on first use;
-    /// `None` where the front cannot read this router.
+    /// and the router weight `router` (bound whole), forming the RMSNorm of its input with
+    /// weights `norm` where given, and its set, built on first use; `None` where the front
+    /// cannot read this router.
     fn front_kernel(
         &mut self,
         ctx: &VulkanContext,
         kernels: &Kernels,
         (l, dtype, buf): (usize, DType, &Subbuffer<[u8]>),
         router: &DeviceWeight,
+        norm: Option<&Subbuffer<[u8]>>,
     ) -> Result<Option<(Kernel, Arc<DescriptorSet>)>, VulkanError> {
         let [range] = &router.ranges[..] else { return Ok(None) };
         if router.padded || !router.cols.is_multiple_of(8) {
             return Ok(None);
         }
-        let kernel = match self.front.entry((dtype, router.dtype)) {
+        let kernel = match self.front.entry((dtype, router.dtype, norm.is_some())) {
             btree_map::Entry::Occupied(e) => e.get().clone(),
             btree_map::Entry::Vacant(e) => {
                 // The front is a faster form of kernels that exist: one the device cannot
                 // build leaves the step to them.
-                let k = kernels.gate_up_front(dtype, router.dtype).unwrap_or_else(|err| {
+                let k = kernels.gate_up_front(dtype, router.dtype, norm.is_some()).unwrap_or_else(|err| {
                     tracing::warn!("the fused MoE front is off for {} experts: {err}", dtype.name());
                     None
                 });
@@ -263,7 +285,8 @@ impl DeviceRoutes {
             }
         };
         let Some(kernel) = kernel else { return Ok(None) };
-        let set = match self.front_sets.entry((Arc::as_ptr(buf.buffer()) as usize, l)) {
+        let address = |b: &Subbuffer<[u8]>| Arc::as_ptr(b.buffer()) as usize;
+        let set = match self.front_sets.entry((address(buf), l, norm.map_or(0, address))) {
             hash_map::Entry::Occupied(e) => e.get().clone(),
             hash_map::Entry::Vacant(e) => {
                 let win = window(buf, 0, ctx.info.max_storage_buffer_range);
@@ -274,6 +297,7 @@ impl DeviceRoutes {
                     self.io.clone().into_bytes(),
                     range.bytes.clone(),
                     self.grid.clone(),
+                    norm.unwrap_or(&range.bytes).clone(),
                 ];
                 e.insert(set0(ctx, &kernel, &bufs)?).clone()
             }
@@ -319,6 +343,13 @@ impl VulkanBackend {
         // where the ranking fits, the router, the ranking and the gate/up are one dispatch.
         let fused = if nb == 1 { routes.combine_kernel(&kernels, layout.down.dtype, k)? } else { None };
         let router = &self.weights.matrix(gate)?.w;
+        // A norm held for this step (of the residual the router reads) the front forms.
+        let held = self
+            .held_norm
+            .as_ref()
+            .map(|h| &h.vector)
+            .filter(|_| router.cols == self.a.width(Plane::X) as usize);
+        let folds = held.is_some();
         let front = match fused {
             Some(_)
                 if routes.front_groups > 0
@@ -326,10 +357,11 @@ impl VulkanBackend {
                     && ranks <= FRONT_MAX_RANKS
                     && router.rows == ne =>
             {
-                routes.front_kernel(&self.ctx, &kernels, (l, layout.gate.dtype, &buffers[0]), router)?
+                routes.front_kernel(&self.ctx, &kernels, (l, layout.gate.dtype, &buffers[0]), router, held)?
             }
             _ => None,
         };
+        let norm = if front.is_some() && folds { self.held_norm.take() } else { None };
         let front_groups = routes.front_groups;
         let (g0, d0) = self.expert_args(&layout);
         let groups = |p: Projection, dtype, a: &MatmulArgs| -> Result<u32, VulkanError> {
@@ -378,8 +410,11 @@ impl VulkanBackend {
                     match &front {
                         // Rank y's expert in workgroup row y, every input the token's.
                         Some((fk, fset)) => {
-                            let g = MatmulArgs { flags: FLAG_TABLE, x_stride: 0, ..g };
-                            rec.gate_up_front(fk, fset.clone(), g, args.front_words(), front_groups)?
+                            // Forming the norm, it reads the residual and stores the row.
+                            let x_off = if norm.is_some() { a.at(Plane::X) } else { g.x_off };
+                            let g = MatmulArgs { flags: FLAG_TABLE, x_stride: 0, x_off, ..g };
+                            let normed = norm.as_ref().map(|_| (a.at(Plane::Xn), c.rms_norm_eps));
+                            rec.gate_up_front(fk, fset.clone(), g, args.front_words(), normed, front_groups)?
                         }
                         None => rec.matmul(Projection::GateUp, layout.gate.dtype, false, gu, g)?,
                     }

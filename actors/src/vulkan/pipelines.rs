@@ -41,6 +41,10 @@ const M1_WG: u32 = 128;
 /// sized for many workgroups an SM. Not yet tuned on a GPU.
 pub const FRONT_WG: u32 = 512;
 
+/// Most inputs of a front that forms its input's RMSNorm itself (`MAX_NORM` of
+/// `shaders/matmul.comp`: the normed row sits in workgroup memory, 16 KiB).
+pub const FRONT_MAX_NORM: usize = 4096;
+
 /// Weight chunks each lane of the front gate/up loads before using them (the chunk
 /// kernels': float types, Q8_0, Q4_0; the slice kernels take one slice at a time). Its
 /// one workgroup an SM has a fraction of the standalone gate/up's warps to hide memory
@@ -172,8 +176,9 @@ pub enum Spec {
     /// A matmul-family kernel (`shaders/matmul.comp`).
     Matmul(Tiling),
     /// A front gate/up (`shaders/matmul.comp` with `FRONT`): the matmul's tiling, then
-    /// the router's weight type (constant 4; `router_type`).
-    Front(Tiling, u32),
+    /// the router's weight type (constant 4; `router_type`) and whether the front forms
+    /// its input's RMSNorm itself (constant 5, `NORM_IN`).
+    Front(Tiling, u32, bool),
     /// The split attention kernel's shape (`shaders/attention.comp`'s `HD`, `GQ`, `SR`,
     /// `PR`; [`super::attention::AttentionKernels::split_for`]).
     Attention([u32; 4]),
@@ -184,7 +189,7 @@ impl Spec {
     pub fn constants(&self) -> Vec<u32> {
         match *self {
             Spec::Matmul(t) => vec![t.rows, t.unroll, t.lanes, t.wg],
-            Spec::Front(t, router) => vec![t.rows, t.unroll, t.lanes, t.wg, router],
+            Spec::Front(t, router, norm) => vec![t.rows, t.unroll, t.lanes, t.wg, router, norm.into()],
             Spec::Attention(c) => c.to_vec(),
         }
     }
@@ -194,7 +199,7 @@ impl Kernel {
     /// How a matmul-family kernel splits its work; `None` for the others.
     pub fn tiling(&self) -> Option<Tiling> {
         match self.spec {
-            Some(Spec::Matmul(t) | Spec::Front(t, _)) => Some(t),
+            Some(Spec::Matmul(t) | Spec::Front(t, ..)) => Some(t),
             _ => None,
         }
     }
@@ -417,13 +422,20 @@ impl Kernels {
     /// whose router's are `router` (`gate_up_front_*`: `shaders/matmul.comp` with
     /// `FRONT`): the router, the ranking and the gate/up in one dispatch, the gate/up
     /// tuned as `gate_up` but for `FRONT_UNROLL`, `FRONT_WG` invocations a workgroup
-    /// (fewer where the device allows fewer); `None` for a router type it does not read.
-    /// Built on each call (the caller keeps it).
-    pub fn gate_up_front(&self, dtype: DType, router: DType) -> Result<Option<Kernel>, VulkanError> {
+    /// (fewer where the device allows fewer); with `norm`, the front forms the RMSNorm of
+    /// its input row itself ([`FRONT_MAX_NORM`] inputs at most); `None` for a router type
+    /// it does not read. Built on each call (the caller keeps it).
+    pub fn gate_up_front(
+        &self,
+        dtype: DType,
+        router: DType,
+        norm: bool,
+    ) -> Result<Option<Kernel>, VulkanError> {
         let Some(router) = router_type(router) else { return Ok(None) };
         let t = self.tuning;
         let wg = FRONT_WG.min(self.device.physical_device().properties().max_compute_work_group_invocations);
-        let spec = Spec::Front(Tiling { rows: t.rows_m1, unroll: FRONT_UNROLL, lanes: t.lanes, wg }, router);
+        let spec =
+            Spec::Front(Tiling { rows: t.rows_m1, unroll: FRONT_UNROLL, lanes: t.lanes, wg }, router, norm);
         Ok(Some(kernel(
             &self.device,
             &self.act_layout,

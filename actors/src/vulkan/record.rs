@@ -396,18 +396,24 @@ impl Recorder {
     /// dispatch of `groups` workgroups, all resident at once): `kernel` is
     /// [`super::pipelines::Kernels::gate_up_front`]'s, `a` the gate/up's arguments over
     /// `a.groups` experts, `front` the router's and ranking's push constants
-    /// (`super::device_route::RouteTableArgs::front_words`).
+    /// (`super::device_route::RouteTableArgs::front_words`), `norm` for a front that
+    /// forms its input's RMSNorm (`a.x_off` the residual's): where it stores the normed
+    /// row, and the norm's epsilon.
     pub fn gate_up_front(
         &mut self,
         kernel: &Kernel,
         set: Arc<DescriptorSet>,
         a: MatmulArgs,
         front: [u32; 8],
+        norm: Option<(u32, f32)>,
         groups: u32,
     ) -> Result<(), VulkanError> {
-        let mut push = [0; 30];
+        let mut push = [0; 32];
         push[..22].copy_from_slice(&a.words());
-        push[22..].copy_from_slice(&front);
+        push[22..30].copy_from_slice(&front);
+        if let Some((out, eps)) = norm {
+            push[30..].copy_from_slice(&[out, eps.to_bits()]);
+        }
         self.dispatch_as(kernel, Some(set), push, [groups, 1, 1], || shape_label(kernel, &a))
     }
 

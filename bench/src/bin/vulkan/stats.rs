@@ -268,17 +268,20 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             for (kernel, what) in others {
                 print_kernel(dev, kernel, what, &mut legend);
             }
-            // The fused MoE front of each type (with a bf16 router, the synth vaults'): its
-            // registers and shared memory decide whether its workgroups, one an SM, fit.
+            // The fused MoE front of each type (with a bf16 router, the synth vaults'), as it
+            // runs after a norm and forming the norm itself: its registers and shared
+            // memory decide whether its workgroups, one an SM, fit.
             for &ty in TYPES {
-                let front = kernels
-                    .gate_up_front(ty, DType::Bf16)
-                    .unwrap_or_else(|e| fail(1, format!("{ty} front: {e}")));
-                let Some(front @ Kernel { spec: Some(Spec::Front(tiling, _)), .. }) = front else {
-                    continue;
-                };
-                let what = format!(" (the fused front: {tiling})");
-                print_kernel(dev, &front, &what, &mut legend);
+                for norm in [false, true] {
+                    let front = kernels
+                        .gate_up_front(ty, DType::Bf16, norm)
+                        .unwrap_or_else(|e| fail(1, format!("{ty} front: {e}")));
+                    let Some(front @ Kernel { spec: Some(Spec::Front(tiling, _, _)), .. }) = front else {
+                        continue;
+                    };
+                    let how = if norm { ", forming its norm" } else { "" };
+                    print_kernel(dev, &front, &format!(" (the fused front: {tiling}{how})"), &mut legend);
+                }
             }
         }
     }
