@@ -70,16 +70,17 @@ layout(constant_id = 2) const uint LANES = 32u;  // lanes per row (power of two 
 #include "matmul_io.glsl"
 
 #ifdef FRONT
-// With NORM_IN (specialization constant 5) the front's input is the residual row at
-// x_off, and every workgroup forms its RMSNorm itself (norm_in below: rmsnorm.comp's
-// bytes, weights `nw`) into workgroup memory, which its router rows and gate/up read;
-// workgroup 0 also stores the row at norm_out for the step's later readers. The norm's
-// own dispatch goes, and the workgroups that take no router row form it off the critical
-// path (they only wait at the grid barrier).
+// With NORM_IN (specialization constant 5: the row's vec4s, 0 for none) the front's
+// input is the residual row at x_off, and every workgroup forms its RMSNorm itself
+// (norm_in below: rmsnorm.comp's bytes, weights `nw`) into workgroup memory, which its
+// router rows and gate/up read; workgroup 0 also stores the row at norm_out for the
+// step's later readers. The norm's own dispatch goes, and the workgroups that take no
+// router row form it off the critical path (they only wait at the grid barrier). The
+// row's array is sized by the constant: a front declaring more workgroup memory than it
+// needs slowed the down projection after it (the driver's L1/shared split follows it).
 layout(constant_id = 5) const uint NORM_IN = 0u;
 layout(set = 0, binding = 6) readonly buffer Nw { float nw[]; };
-#define MAX_NORM 4096u // inputs a NORM_IN front takes (the host checks)
-shared vec4 norm_x4[MAX_NORM / 4u];
+shared vec4 norm_x4[NORM_IN + 1u];
 // Input float i and vec4 i4 of the product (arena offsets).
 #define XIN4(i4) (NORM_IN != 0u ? norm_x4[(i4) - (pc.x_off >> 2)] : act4[i4])
 #define XIN(i) (NORM_IN != 0u ? norm_x4[((i) - pc.x_off) >> 2][((i) - pc.x_off) & 3u] : ACT(i))

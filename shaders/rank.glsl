@@ -59,6 +59,65 @@ float rank_lane_tree(float a, bool mx, uint tid) {
     return a;
 }
 
+// Experts up to which rank_token ranks by counting (above, by sorting).
+#define RANK_COUNT_MAX 128u
+
+shared uint rank_idx[MAX_E]; // rank_sort's experts, in sorting order
+
+// Whether expert a goes before expert b in the ranking (after the softmax): probability
+// descending, then index ascending; NaN probabilities after every number (and among
+// themselves by index), and the sort's padding (index ne and above) after all.
+bool rank_before(uint a, uint b, uint ne) {
+    if (a >= ne || b >= ne) {
+        return a < b;
+    }
+    float pa = RANK_P(a);
+    float pb = RANK_P(b);
+    bool na = !(pa >= 0.0);
+    bool nb = !(pb >= 0.0);
+    if (na || nb) {
+        return na && nb ? a < b : nb;
+    }
+    return pa > pb || (pa == pb && a < b);
+}
+
+// The first `ranks` experts of rank_before's order into rank_order (NONE for a NaN one):
+// a bitonic sort of the experts, padded to a power of two, in shared memory (MAX_E, a
+// power of two, at most). Every invocation calls it; rank_order is visible on return.
+void rank_sort(uint ne, uint ranks, uint tid, uint nw) {
+    uint n2 = 1u;
+    while (n2 < ne) {
+        n2 <<= 1u;
+    }
+    for (uint i = tid; i < n2; i += nw) {
+        rank_idx[i] = i;
+    }
+    barrier();
+    for (uint size = 2u; size <= n2; size <<= 1u) {
+        for (uint stride = size >> 1u; stride > 0u; stride >>= 1u) {
+            for (uint t = tid; t < n2 / 2u; t += nw) {
+                // Comparator t joins lo and hi; blocks of `size` alternate direction
+                // until the last, which puts the order's first experts first.
+                uint lo = 2u * stride * (t / stride) + t % stride;
+                uint hi = lo + stride;
+                uint a = rank_idx[lo];
+                uint b = rank_idx[hi];
+                bool first = (lo & size) == 0u;
+                if (first ? rank_before(b, a, ne) : rank_before(a, b, ne)) {
+                    rank_idx[lo] = b;
+                    rank_idx[hi] = a;
+                }
+            }
+            barrier();
+        }
+    }
+    for (uint r = tid; r < ranks; r += nw) {
+        uint e = rank_idx[r];
+        rank_order[r] = e < ne && RANK_P(e) >= 0.0 ? e : NONE;
+    }
+    barrier();
+}
+
 // Ranks the `ne` logits at ACT(src ..) into rank_order (ranks of them) and, with
 // `weights`, rank_wts (k); with RANK_SLOTS the top-k experts' slots (from `slot_off` of
 // `slots`) go to rank_slot. Every invocation of the workgroup calls it (invocation `tid`
@@ -104,30 +163,44 @@ void rank_token(uint src, uint ne, uint k, uint ranks, bool norm, bool weights, 
     }
     barrier();
     // Rank r is the expert with r experts before it in (probability descending, index
-    // ascending) order, NaN probabilities unranked: each expert counts the experts
-    // before it, all at once, four at a time (the -1 past the experts never counts).
-    for (uint e = tid; e < ne; e += nw) {
+    // ascending) order, NaN probabilities unranked (rank_before). Up to RANK_COUNT_MAX
+    // experts, each counts the experts before it, all at once, four at a time (the -1
+    // past the experts never counts); more are sorted (rank_sort), whose count would take
+    // ne² / nw steps. Both give every expert the same rank.
+    if (ne > RANK_COUNT_MAX) {
+        rank_sort(ne, ranks, tid, nw);
 #ifdef RANK_SLOTS
-        // Requested before the count, which hides the read.
-        uvec2 slot = uvec2(slots[2u * (slot_off + e)], slots[2u * (slot_off + e) + 1u]);
-#endif
-        float pe = RANK_P(e);
-        if (!(pe >= 0.0)) {
-            continue; // NaN
-        }
-        uint before = 0u;
-        for (uint f = 0u; f < (ne + 3u) / 4u; f++) {
-            vec4 pf = rank_p4[f];
-            FOR4(c, before += (pf[c] > pe || (pf[c] == pe && 4u * f + c < e)) ? 1u : 0u;)
-        }
-        if (before < ranks) {
-            rank_order[before] = e;
-        }
-#ifdef RANK_SLOTS
-        if (before < k) {
-            rank_slot[before] = slot;
+        for (uint r = tid; r < k; r += nw) {
+            uint e = rank_order[r];
+            if (e < ne) {
+                rank_slot[r] = uvec2(slots[2u * (slot_off + e)], slots[2u * (slot_off + e) + 1u]);
+            }
         }
 #endif
+    } else {
+        for (uint e = tid; e < ne; e += nw) {
+#ifdef RANK_SLOTS
+            // Requested before the count, which hides the read.
+            uvec2 slot = uvec2(slots[2u * (slot_off + e)], slots[2u * (slot_off + e) + 1u]);
+#endif
+            float pe = RANK_P(e);
+            if (!(pe >= 0.0)) {
+                continue; // NaN
+            }
+            uint before = 0u;
+            for (uint f = 0u; f < (ne + 3u) / 4u; f++) {
+                vec4 pf = rank_p4[f];
+                FOR4(c, before += (pf[c] > pe || (pf[c] == pe && 4u * f + c < e)) ? 1u : 0u;)
+            }
+            if (before < ranks) {
+                rank_order[before] = e;
+            }
+#ifdef RANK_SLOTS
+            if (before < k) {
+                rank_slot[before] = slot;
+            }
+#endif
+        }
     }
     barrier();
     if (weights && tid == 0u) {

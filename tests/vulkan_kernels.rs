@@ -1060,35 +1060,39 @@ fn device_greedy_choice_is_the_samplers_argmax() {
 #[test]
 fn device_ranking_is_the_hosts() {
     // `route.comp` against actors/src/router/rank.rs on rows of random logits, rows of
-    // many ties (which go to the lower index) and a row of equal logits: the same experts
-    // in the same order, the same weights within rounding; a row of NaN logits ranks no
-    // expert.
+    // many ties (which go to the lower index), a row of equal logits and one whose
+    // experts are mostly -inf (probability 0, tied): the same experts in the same order,
+    // the same weights within rounding; a row of NaN logits ranks no expert. 128 experts
+    // are ranked by counting, more by sorting (a power of two and not).
     let Some(ctx) = vulkan::context() else { return };
     let h = KernelHarness::new(ctx, 1 << 16, 16).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let (ne, k, ranks) = (128usize, 8usize, 12usize);
-    let mut rows: Vec<Vec<f32>> = (0..3).map(|_| rand_vec(&mut rng, ne)).collect();
-    rows.extend((0..3).map(|_| (0..ne).map(|_| rng.random_range(0..3) as f32).collect()));
-    rows.push(vec![0.25; ne]);
-    rows.push(vec![f32::NAN; ne]);
-    let m = rows.len();
-    h.write_act(0, &rows.concat()).unwrap();
-    let (out, stride) = (m * ne, ne + k + 1);
-    for norm in [false, true] {
-        h.run(h.record_route(ne as u32, k as u32, ranks as u32, norm, m as u32, out as u32), 1).unwrap();
-        let got = h.read_act(out, m * stride).unwrap();
-        for (t, row) in rows.iter().enumerate() {
-            let g = &got[t * stride..(t + 1) * stride];
-            let ids: Vec<u32> = g[..ranks].iter().map(|v| v.to_bits()).collect();
-            if row[0].is_nan() {
-                assert!(ids.iter().all(|&e| e == u32::MAX), "row {t}: {ids:?}");
-                continue;
+    for (ne, k, ranks) in [(128usize, 8usize, 12usize), (512, 10, 14), (300, 8, 8)] {
+        let mut rows: Vec<Vec<f32>> = (0..3).map(|_| rand_vec(&mut rng, ne)).collect();
+        rows.extend((0..3).map(|_| (0..ne).map(|_| rng.random_range(0..3) as f32).collect()));
+        rows.push(vec![0.25; ne]);
+        rows.push((0..ne).map(|e| if e % 7 == 3 { 1.0 } else { f32::NEG_INFINITY }).collect());
+        rows.push(vec![f32::NAN; ne]);
+        let m = rows.len();
+        h.write_act(0, &rows.concat()).unwrap();
+        let (out, stride) = (m * ne, ne + k + 1);
+        for norm in [false, true] {
+            h.run(h.record_route(ne as u32, k as u32, ranks as u32, norm, m as u32, out as u32), 1).unwrap();
+            let got = h.read_act(out, m * stride).unwrap();
+            for (t, row) in rows.iter().enumerate() {
+                let g = &got[t * stride..(t + 1) * stride];
+                let ids: Vec<u32> = g[..ranks].iter().map(|v| v.to_bits()).collect();
+                if row[0].is_nan() {
+                    assert!(ids.iter().all(|&e| e == u32::MAX), "{ne} experts, row {t}: {ids:?}");
+                    continue;
+                }
+                let (mut logits, mut ex, mut w) = (row.clone(), vec![0u16; ranks], vec![0f32; k]);
+                smoe_actors::router::rank::route(&mut logits, k, norm, &mut ex, &mut w);
+                let want: Vec<u32> = ex.iter().map(|&e| e as u32).collect();
+                assert_eq!(ids, want, "{ne} experts, row {t}, norm {norm}");
+                let rel = max_rel(&g[ne..ne + k], &w);
+                assert!(rel < 1e-5, "{ne} experts, row {t}, norm {norm}: weights {rel}");
             }
-            let (mut logits, mut ex, mut w) = (row.clone(), vec![0u16; ranks], vec![0f32; k]);
-            smoe_actors::router::rank::route(&mut logits, k, norm, &mut ex, &mut w);
-            assert_eq!(ids, ex.iter().map(|&e| e as u32).collect::<Vec<_>>(), "row {t}, norm {norm}");
-            let rel = max_rel(&g[ne..ne + k], &w);
-            assert!(rel < 1e-5, "row {t}, norm {norm}: weights {rel}");
         }
     }
 }

@@ -225,6 +225,33 @@ fn the_fused_front_reads_f32_routers_byte_for_byte() {
     }
 }
 
+/// The fused MoE front at Qwen3-Next's routing geometry (512 experts, top-10), which its
+/// workgroups rank by sorting rather than counting: the same bytes as the tier off and as
+/// `route_table`, and it ran.
+#[test]
+fn the_fused_front_ranks_512_experts_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = dir.path().join("e512.vault");
+    run_ok(&[
+        "synth",
+        "--out",
+        vault.to_str().unwrap(),
+        "--preset",
+        "tiny-e512",
+        "--layers",
+        "2",
+        "--seed",
+        "5",
+    ]);
+    let (_, reference) = run(dir.path(), &vault, 0, &[]);
+    for front in ["0", "1"] {
+        let (out, logits) = run(dir.path(), &vault, 1 << 30, &["--profile", "--moe-front-groups", front]);
+        assert!(logits.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "front {front}");
+        let ranking = if front == "0" { "route_table" } else { "gate_up_front_" };
+        check_rankings(&out["stats"]["profile"]["regimes"][1], ranking, 2);
+    }
+}
+
 /// A hybrid model (DeltaNet states updated in place) routes its decode steps on the device
 /// too: a void step's states go back to the copy kept before it, so the step that runs
 /// again host-routed starts from them, and later steps replay the kept command buffer

@@ -32,6 +32,7 @@ use trained::{Targets, TrainedProfile};
 pub const PRESETS: &[&str] = &[
     "tiny",
     "tiny-e128",
+    "tiny-e512",
     "small",
     "qwen3-30b-a3b",
     "qwen3-235b-a22b",
@@ -96,6 +97,9 @@ pub fn preset(name: &str) -> Result<ModelConfig> {
             num_experts_per_tok: 8,
             ..preset("tiny")?
         },
+        // Tiny, with Qwen3-Next's routing geometry (512 experts, top-10): for the device
+        // ranking's sorting path in seconds.
+        "tiny-e512" => ModelConfig { num_experts: 512, num_experts_per_tok: 10, ..preset("tiny-e128")? },
         // The smallest shape whose expert rows are whole K-quant blocks (256 elements), so
         // `--quant q4_k_m` and friends store Q4_K/Q5_K/Q6_K rather than their fallbacks.
         "small" => ModelConfig {

@@ -156,10 +156,10 @@ pub struct DeviceRoutes {
     combine: BTreeMap<(DType, usize), Option<Kernel>>,
     /// Workgroups of a fused front (0: off).
     front_groups: u32,
-    /// Per (expert gate/up weight type, router weight type, forming its norm) met so far,
-    /// its fused front ([`Kernels::gate_up_front`]; `None`: a router type it does not
-    /// read).
-    front: BTreeMap<(DType, DType, bool), Option<Kernel>>,
+    /// Per (expert gate/up weight type, router weight type, inputs of the norm it forms or
+    /// 0) met so far, its fused front ([`Kernels::gate_up_front`]; `None`: a router type
+    /// it does not read).
+    front: BTreeMap<(DType, DType, usize), Option<Kernel>>,
     /// The fused front's set 0 per (tier buffer address, layer, norm weights' address or
     /// 0): the buffer as gate and up weights, the slot table, the host's readback buffer,
     /// the layer's router weight, the grid barrier's words, the norm's weights (the
@@ -272,12 +272,13 @@ impl DeviceRoutes {
         if router.padded || !router.cols.is_multiple_of(8) {
             return Ok(None);
         }
-        let kernel = match self.front.entry((dtype, router.dtype, norm.is_some())) {
+        let inputs = if norm.is_some() { router.cols } else { 0 };
+        let kernel = match self.front.entry((dtype, router.dtype, inputs)) {
             btree_map::Entry::Occupied(e) => e.get().clone(),
             btree_map::Entry::Vacant(e) => {
                 // The front is a faster form of kernels that exist: one the device cannot
                 // build leaves the step to them.
-                let k = kernels.gate_up_front(dtype, router.dtype, norm.is_some()).unwrap_or_else(|err| {
+                let k = kernels.gate_up_front(dtype, router.dtype, inputs).unwrap_or_else(|err| {
                     tracing::warn!("the fused MoE front is off for {} experts: {err}", dtype.name());
                     None
                 });

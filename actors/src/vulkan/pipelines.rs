@@ -41,8 +41,9 @@ const M1_WG: u32 = 128;
 /// sized for many workgroups an SM. Not yet tuned on a GPU.
 pub const FRONT_WG: u32 = 512;
 
-/// Most inputs of a front that forms its input's RMSNorm itself (`MAX_NORM` of
-/// `shaders/matmul.comp`: the normed row sits in workgroup memory, 16 KiB).
+/// Most inputs of a front that forms its input's RMSNorm itself (`NORM_IN` of
+/// `shaders/matmul.comp`: the normed row sits in workgroup memory, 16 KiB at most, so
+/// the front fits the 32 KiB every device offers).
 pub const FRONT_MAX_NORM: usize = 4096;
 
 /// Weight chunks each lane of the front gate/up loads before using them (the chunk
@@ -176,9 +177,10 @@ pub enum Spec {
     /// A matmul-family kernel (`shaders/matmul.comp`).
     Matmul(Tiling),
     /// A front gate/up (`shaders/matmul.comp` with `FRONT`): the matmul's tiling, then
-    /// the router's weight type (constant 4; `router_type`) and whether the front forms
-    /// its input's RMSNorm itself (constant 5, `NORM_IN`).
-    Front(Tiling, u32, bool),
+    /// the router's weight type (constant 4; `router_type`) and, where the front forms
+    /// its input's RMSNorm itself, the normed row's vec4s (constant 5, `NORM_IN`; 0:
+    /// none).
+    Front(Tiling, u32, u32),
     /// The split attention kernel's shape (`shaders/attention.comp`'s `HD`, `GQ`, `SR`,
     /// `PR`; [`super::attention::AttentionKernels::split_for`]).
     Attention([u32; 4]),
@@ -189,7 +191,7 @@ impl Spec {
     pub fn constants(&self) -> Vec<u32> {
         match *self {
             Spec::Matmul(t) => vec![t.rows, t.unroll, t.lanes, t.wg],
-            Spec::Front(t, router, norm) => vec![t.rows, t.unroll, t.lanes, t.wg, router, norm.into()],
+            Spec::Front(t, router, norm) => vec![t.rows, t.unroll, t.lanes, t.wg, router, norm],
             Spec::Attention(c) => c.to_vec(),
         }
     }
@@ -422,20 +424,20 @@ impl Kernels {
     /// whose router's are `router` (`gate_up_front_*`: `shaders/matmul.comp` with
     /// `FRONT`): the router, the ranking and the gate/up in one dispatch, the gate/up
     /// tuned as `gate_up` but for `FRONT_UNROLL`, `FRONT_WG` invocations a workgroup
-    /// (fewer where the device allows fewer); with `norm`, the front forms the RMSNorm of
-    /// its input row itself ([`FRONT_MAX_NORM`] inputs at most); `None` for a router type
-    /// it does not read. Built on each call (the caller keeps it).
+    /// (fewer where the device allows fewer); with `norm` inputs (not 0), the front forms
+    /// the RMSNorm of its input row itself (`FRONT_MAX_NORM` inputs at most); `None` for a
+    /// router type it does not read. Built on each call (the caller keeps it).
     pub fn gate_up_front(
         &self,
         dtype: DType,
         router: DType,
-        norm: bool,
+        norm: usize,
     ) -> Result<Option<Kernel>, VulkanError> {
         let Some(router) = router_type(router) else { return Ok(None) };
         let t = self.tuning;
         let wg = FRONT_WG.min(self.device.physical_device().properties().max_compute_work_group_invocations);
-        let spec =
-            Spec::Front(Tiling { rows: t.rows_m1, unroll: FRONT_UNROLL, lanes: t.lanes, wg }, router, norm);
+        let tiling = Tiling { rows: t.rows_m1, unroll: FRONT_UNROLL, lanes: t.lanes, wg };
+        let spec = Spec::Front(tiling, router, norm.div_ceil(4) as u32);
         Ok(Some(kernel(
             &self.device,
             &self.act_layout,

@@ -272,14 +272,14 @@ pub fn stats(device: usize, extra: &[MatmulTuning]) {
             // runs after a norm and forming the norm itself: its registers and shared
             // memory decide whether its workgroups, one an SM, fit.
             for &ty in TYPES {
-                for norm in [false, true] {
+                for norm in [0, 2048] {
                     let front = kernels
                         .gate_up_front(ty, DType::Bf16, norm)
                         .unwrap_or_else(|e| fail(1, format!("{ty} front: {e}")));
                     let Some(front @ Kernel { spec: Some(Spec::Front(tiling, _, _)), .. }) = front else {
                         continue;
                     };
-                    let how = if norm { ", forming its norm" } else { "" };
+                    let how = if norm > 0 { format!(", forming a norm of {norm}") } else { String::new() };
                     print_kernel(dev, &front, &format!(" (the fused front: {tiling}{how})"), &mut legend);
                 }
             }
