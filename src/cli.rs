@@ -58,8 +58,8 @@ pub struct SynthArgs {
     /// Directory to write: a vault, or with `--format hf` a HuggingFace checkpoint.
     #[arg(long, required_unless_present = "vault")]
     pub out: Option<PathBuf>,
-    /// Model shape: tiny, tiny-e128, tiny-e512, small, qwen3-30b-a3b, qwen3-235b-a22b, or the hybrid
-    /// tiny-hybrid, qwen3-next-80b-a3b, qwen3.5-397b-a17b.
+    /// Model shape: tiny, tiny-e128, tiny-e512, small, qwen3-30b-a3b, qwen3-235b-a22b, or
+    /// the hybrid tiny-hybrid, qwen3-next-80b-a3b, qwen3.5-397b-a17b.
     #[arg(long, required_unless_present = "vault")]
     pub preset: Option<String>,
     /// Keep only the first N layers (so the model fits the disk at hand).
