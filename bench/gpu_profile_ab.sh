@@ -9,20 +9,21 @@
 # summary and device-busy lines), then ROUNDS rounds unprofiled (decode tok/s), then
 # whether each build's token ids equal the first build's.
 #
-#   [QUANTS="q4_k_m bf16"] [ROUNDS=2] [TOKENS=256] [PROFILE=0] [PRESET=P] [LAYERS=N] \
+#   [QUANTS="q4_k_m bf16"] [ROUNDS=2] [TOKENS=256] [PROFILE=0] [LOGITS=N] [PRESET=P] [LAYERS=N] \
 #     bash bench/gpu_profile_ab.sh BIN...
 #
 # BIN are release `smoe-pipeline` binaries (stripped is fine) with distinct file names,
 # which label them; the first is the reference for the ids. QUANTS picks the vaults (any
 # `synth --quant` value; gpu_env.sh's q30_quant names them), TOKENS the tokens decoded;
-# PROFILE=0 leaves out the profiled rounds (gpu_greedy_ab.sh). Each run's JSON and
+# PROFILE=0 leaves out the profiled rounds (gpu_greedy_ab.sh); LOGITS=N also compares each
+# build's logits of N greedy tokens with the first build's, byte for byte. Each run's JSON and
 # stderr (the whole profile) go to $OUT (default /tmp/gpu_profile_ab) as
 # VAULT-BUILD[-plain].{json,err}. Where `nvidia-smi` is present, the SM clock is logged
 # every 10 ms ($OUT/clocks.csv) and each line ends with its range over the run's last
 # 0.5 s, where the decode ends: the clock falls to a few hundred MHz while a long vault
 # load idles the GPU, and a build that does little work may decode before it is back.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,23p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,24p "$0" >&2; exit 2; }
 bins=()
 for b in "$@"; do bins+=("$(realpath "$b")"); done
 # Runs are filed under the builds' file names.
@@ -97,5 +98,19 @@ a, b = (json.load(open(p))['token_ids'] for p in sys.argv[1:3])
 print(sys.argv[3], 'identical' if a == b else 'differ', len(a))" \
       "$out/$v-$(basename "${bins[0]}")-plain.json" "$out/$v-$(basename "$bin")-plain.json" \
       "$v ids $(basename "$bin") vs $(basename "${bins[0]}"):"
+  done
+  [ "${LOGITS:-0}" = 0 ] && continue
+  # Every build's logits of LOGITS greedy tokens, byte for byte against the first's.
+  TOKENS=$LOGITS resident_q30 "${bins[0]}" $v
+  for bin in "${bins[@]}"; do
+    "$bin" generate "${flags[@]}" --logits-out "$out/$v-$(basename "$bin").logits" >/dev/null 2>"$out/$v-$(basename "$bin")-logits.err" || {
+      tail -3 "$out/$v-$(basename "$bin")-logits.err" >&2
+      exit 1
+    }
+  done
+  for bin in "${bins[@]:1}"; do
+    a=$out/$v-$(basename "${bins[0]}").logits b=$out/$v-$(basename "$bin").logits
+    if cmp -s "$a" "$b"; then same=identical; else same=differ; fi
+    echo "$v logits of $LOGITS tokens $(basename "$bin") vs $(basename "${bins[0]}"): $same ($(stat -c %s "$b") bytes)"
   done
 done
