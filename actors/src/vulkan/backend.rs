@@ -667,6 +667,7 @@ impl Backend for VulkanBackend {
 
     fn abandon(&mut self) {
         self.rec = None;
+        self.held_norm = None;
         self.transfer = None;
         // Dropping the work in flight waits for it, so no kernel or upload still reads a
         // blob whose handle goes next.
