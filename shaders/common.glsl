@@ -16,8 +16,8 @@
 // the order slice_dot.glsl's header gives; the cross-lane tree is this one.
 
 #define WG_SIZE 256u
-// rmsnorm.comp's invocations, whose chains of squares are its order (matmul.comp's
-// NORM_IN front plays them whatever its own size).
+// rmsnorm.comp's invocations, whose chains of squares are its summation order
+// (matmul.comp's NORM_IN front plays them whatever its own size).
 #define NORM_CHAINS 256u
 
 // Hand-unrolled loops. A loop whose body indexes a register array is written

@@ -7,8 +7,12 @@
 // depend on how many rows were dispatched with it.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
+// One invocation per chain of squares (NORM_CHAINS, which matmul.comp's NORM_IN front
+// plays to form the same bytes).
+#undef WG_SIZE
+#define WG_SIZE NORM_CHAINS
 
-layout(local_size_x = 256) in;
+layout(local_size_x = NORM_CHAINS) in;
 
 layout(push_constant) uniform Params {
     uint n;          // elements per row

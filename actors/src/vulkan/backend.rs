@@ -389,7 +389,8 @@ impl Backend for VulkanBackend {
     }
 
     fn rmsnorm(&mut self, w: &TensorRef, src: Plane, dst: Plane, rows: usize) -> Result<(), ForwardError> {
-        let (vector, set) = self.weights.vector(w)?.clone();
+        let (vector, set) = self.weights.vector(w)?;
+        let set = set.clone();
         let folds = self.routes.as_ref().is_some_and(DeviceRoutes::folds_norms);
         if folds
             && rows == 1
@@ -397,6 +398,7 @@ impl Backend for VulkanBackend {
             && self.a.width(src) as usize <= FRONT_MAX_NORM
         {
             // Recorded by the next recording, unless a fused front forms it.
+            let vector = vector.clone();
             self.rec()?;
             self.held_norm = Some(HeldNorm { vector, set });
             return Ok(());
